@@ -1,0 +1,136 @@
+// Package cli is the `harness` command: migrations, throwaway databases and
+// the repros, behind one entry point that tests can call in-process.
+package cli
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+)
+
+// Exit codes.
+const (
+	ExitOK      = 0
+	ExitFailure = 1 // the command ran and found a problem (e.g. a repro verdict)
+	ExitUsage   = 2 // bad input: the message says what to do
+)
+
+// usageError is bad input from the user: printed on one line, exit 2.
+type usageError struct{ msg string }
+
+func (e usageError) Error() string { return e.msg }
+
+func usagef(format string, args ...any) error { return usageError{fmt.Sprintf(format, args...)} }
+
+// command is one subcommand.
+type command struct {
+	name    string
+	summary string
+	run     func(ctx context.Context, env *Env, args []string) error
+}
+
+// Env is what a command writes to.
+type Env struct {
+	Stdout io.Writer
+	Stderr io.Writer
+}
+
+func commands() []command {
+	return []command{
+		{"migrate", "apply or roll back migrations: migrate up|down|status|version [--to N] [--dsn DSN | --env NAME] [--schema S]", runMigrate},
+		{"db", "throwaway database: db start [--backend auto|local|dsn|docker]", runDB},
+	}
+}
+
+// Run executes the command line args (without the program name) and returns
+// the process exit code.
+func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	env := &Env{Stdout: stdout, Stderr: stderr}
+	if len(args) == 0 || args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
+		printHelp(stdout)
+		if len(args) == 0 {
+			return ExitUsage
+		}
+		return ExitOK
+	}
+	for _, c := range commands() {
+		if c.name == args[0] {
+			return report(env, c.run(ctx, env, args[1:]))
+		}
+	}
+	return report(env, usagef("unknown command %q: run `harness help` for the list", args[0]))
+}
+
+func report(env *Env, err error) int {
+	if err == nil {
+		return ExitOK
+	}
+	if errors.Is(err, flag.ErrHelp) {
+		return ExitOK
+	}
+	var u usageError
+	if errors.As(err, &u) {
+		fmt.Fprintln(env.Stderr, "harness: "+oneLine(u.msg))
+		return ExitUsage
+	}
+	var f failure
+	if errors.As(err, &f) {
+		if f.msg != "" {
+			fmt.Fprintln(env.Stderr, "harness: "+f.msg)
+		}
+		return ExitFailure
+	}
+	fmt.Fprintln(env.Stderr, "harness: "+err.Error())
+	return ExitFailure
+}
+
+// failure is a command that ran to the end with a negative verdict.
+type failure struct{ msg string }
+
+func (f failure) Error() string { return f.msg }
+
+func oneLine(s string) string {
+	s = strings.TrimSpace(s)
+	if i := strings.IndexByte(s, '\n'); i >= 0 {
+		return s[:i]
+	}
+	return s
+}
+
+func printHelp(w io.Writer) {
+	fmt.Fprintln(w, "harness: duroxide-pg-migrations harness\n\nusage: harness <command> [flags]\n\ncommands:")
+	for _, c := range commands() {
+		fmt.Fprintf(w, "  %-8s %s\n", c.name, c.summary)
+	}
+	fmt.Fprintln(w, "\nRun `harness <command> -h` for its flags.")
+}
+
+// newFlags makes a flag set that reports errors instead of exiting.
+func newFlags(env *Env, name string) *flag.FlagSet {
+	fs := flag.NewFlagSet("harness "+name, flag.ContinueOnError)
+	fs.SetOutput(env.Stderr)
+	return fs
+}
+
+// parse parses flags, turning flag errors into usage errors; positional
+// arguments may come before or after the flags.
+func parse(fs *flag.FlagSet, args []string) ([]string, error) {
+	var positional []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				return nil, err
+			}
+			return nil, usagef("%v (run `%s -h`)", err, fs.Name())
+		}
+		args = fs.Args()
+		if len(args) == 0 {
+			return positional, nil
+		}
+		positional = append(positional, args[0])
+		args = args[1:]
+	}
+}

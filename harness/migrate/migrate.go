@@ -1,0 +1,201 @@
+// Package migrate applies the pack's embedded goose migrations to one target
+// schema of a database: the schema is created when missing, the
+// connection's search_path is set to it (so goose's version table and every
+// object land there), and a Postgres session lock keeps concurrent runners
+// from applying the same migration twice.
+package migrate
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"io/fs"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/pressly/goose/v3"
+	"github.com/pressly/goose/v3/lock"
+
+	migrations "github.com/duroxide-pg/migrations/sql"
+)
+
+// DefaultSchema is the schema migrations go into unless told otherwise.
+const DefaultSchema = "duroxide"
+
+// VersionTable is goose's bookkeeping table, inside the target schema.
+const VersionTable = "goose_db_version"
+
+// Runner applies migrations to one schema.
+type Runner struct {
+	db       *sql.DB
+	provider *goose.Provider
+	schema   string
+}
+
+// Options tune a Runner.
+type Options struct {
+	// Schema is the target schema (DefaultSchema when empty).
+	Schema string
+	// FS holds the migrations (the embedded pack when nil).
+	FS fs.FS
+	// VersionTable is goose's table inside the schema (VersionTable when
+	// empty).
+	VersionTable string
+	// Verbose makes goose log each migration it applies.
+	Verbose bool
+}
+
+// ErrNoSuchVersion is returned for a target version the pack does not have.
+var ErrNoSuchVersion = errors.New("no such migration version")
+
+// Open connects to dsn, creates the target schema if it does not exist and
+// prepares a goose provider over the pack's migrations.
+func Open(ctx context.Context, dsn string, opts Options) (*Runner, error) {
+	if opts.Schema == "" {
+		opts.Schema = DefaultSchema
+	}
+	if opts.FS == nil {
+		opts.FS = migrations.FS
+	}
+	if opts.VersionTable == "" {
+		opts.VersionTable = VersionTable
+	}
+	cfg, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		return nil, fmt.Errorf("parse DSN: %w", err)
+	}
+	cfg.RuntimeParams["search_path"] = SearchPath(opts.Schema)
+	db := stdlib.OpenDB(*cfg)
+	ok := false
+	defer func() {
+		if !ok {
+			db.Close()
+		}
+	}()
+	if err := db.PingContext(ctx); err != nil {
+		return nil, fmt.Errorf("connect: %w", err)
+	}
+	if _, err := db.ExecContext(ctx, "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{opts.Schema}.Sanitize()); err != nil {
+		return nil, fmt.Errorf("create schema %s: %w", opts.Schema, err)
+	}
+	locker, err := lock.NewPostgresSessionLocker(
+		lock.WithLockID(LockID(opts.Schema)),
+		// Wait up to 5 minutes (300 x 1 s) for another runner to finish.
+		lock.WithLockTimeout(1, 300),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("session locker: %w", err)
+	}
+	provider, err := goose.NewProvider(goose.DialectPostgres, db, opts.FS,
+		goose.WithSessionLocker(locker),
+		goose.WithTableName(opts.VersionTable),
+		goose.WithVerbose(opts.Verbose),
+		goose.WithDisableGlobalRegistry(true),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("goose provider: %w", err)
+	}
+	ok = true
+	return &Runner{db: db, provider: provider, schema: opts.Schema}, nil
+}
+
+// SearchPath is the search_path the migrations run under: the target schema
+// only, with pg_temp searched last so that a temporary table can never
+// shadow one of the pack's tables inside its functions (they capture this
+// path with SET search_path FROM CURRENT).
+func SearchPath(schema string) string {
+	return pgx.Identifier{schema}.Sanitize() + ", pg_temp"
+}
+
+// LockID is the advisory-lock key goose's session locker takes: one per
+// schema, so runners on different schemas do not wait for each other.
+func LockID(schema string) int64 {
+	h := fnv.New64a()
+	h.Write([]byte("duroxide-pg-migrations:goose:" + schema))
+	return int64(h.Sum64() & 0x7fffffffffffffff)
+}
+
+// Schema is the target schema.
+func (r *Runner) Schema() string { return r.schema }
+
+// DB is the runner's connection pool (search_path = the target schema).
+func (r *Runner) DB() *sql.DB { return r.db }
+
+// Close releases the connections.
+func (r *Runner) Close() error { return r.provider.Close() }
+
+// Up applies every pending migration.
+func (r *Runner) Up(ctx context.Context) ([]*goose.MigrationResult, error) {
+	res, err := r.provider.Up(ctx)
+	return res, wrapErr("up", err)
+}
+
+// UpTo applies pending migrations up to and including version.
+func (r *Runner) UpTo(ctx context.Context, version int64) ([]*goose.MigrationResult, error) {
+	if err := r.checkVersion(version); err != nil {
+		return nil, err
+	}
+	res, err := r.provider.UpTo(ctx, version)
+	return res, wrapErr(fmt.Sprintf("up to %d", version), err)
+}
+
+// Down rolls back the newest applied migration.
+func (r *Runner) Down(ctx context.Context) (*goose.MigrationResult, error) {
+	res, err := r.provider.Down(ctx)
+	return res, wrapErr("down", err)
+}
+
+// DownTo rolls back every migration newer than version (0 rolls back all).
+func (r *Runner) DownTo(ctx context.Context, version int64) ([]*goose.MigrationResult, error) {
+	if version != 0 {
+		if err := r.checkVersion(version); err != nil {
+			return nil, err
+		}
+	}
+	res, err := r.provider.DownTo(ctx, version)
+	return res, wrapErr(fmt.Sprintf("down to %d", version), err)
+}
+
+// Status lists every migration of the pack with its state in the database.
+func (r *Runner) Status(ctx context.Context) ([]*goose.MigrationStatus, error) {
+	st, err := r.provider.Status(ctx)
+	return st, wrapErr("status", err)
+}
+
+// Version is the newest applied version (0 when none).
+func (r *Runner) Version(ctx context.Context) (int64, error) {
+	v, err := r.provider.GetDBVersion(ctx)
+	return v, wrapErr("version", err)
+}
+
+// Latest is the newest version the pack has.
+func (r *Runner) Latest() int64 {
+	var v int64
+	for _, s := range r.provider.ListSources() {
+		v = max(v, s.Version)
+	}
+	return v
+}
+
+func (r *Runner) checkVersion(version int64) error {
+	for _, s := range r.provider.ListSources() {
+		if s.Version == version {
+			return nil
+		}
+	}
+	return fmt.Errorf("%w: %d (the pack has 1..%d)", ErrNoSuchVersion, version, r.Latest())
+}
+
+func wrapErr(op string, err error) error {
+	if err == nil || errors.Is(err, goose.ErrNoNextVersion) {
+		return nil
+	}
+	var partial *goose.PartialError
+	if errors.As(err, &partial) && partial.Failed != nil {
+		return fmt.Errorf("migrate %s: %s failed and was rolled back (the schema stays at the previous version): %w",
+			op, partial.Failed.Source.Path, partial.Err)
+	}
+	return fmt.Errorf("migrate %s: %w", op, err)
+}

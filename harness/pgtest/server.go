@@ -1,0 +1,274 @@
+// Package pgtest gives tests and the harness a throwaway PostgreSQL server,
+// whatever the machine has: local server binaries (the default), an existing
+// server reached by DSN, or a Docker container. Each caller gets its own
+// uniquely named databases and everything it created is removed on Close.
+package pgtest
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"strings"
+	"sync"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Backend names a way of obtaining a PostgreSQL server.
+type Backend string
+
+// The backends. Auto picks the first that works: DSN when a DSN is given,
+// else Local when server binaries are found, else Docker when a daemon
+// answers.
+const (
+	Auto   Backend = "auto"
+	Local  Backend = "local"
+	DSN    Backend = "dsn"
+	Docker Backend = "docker"
+)
+
+// ErrUnavailable marks a backend that cannot run on this machine (no
+// binaries, no Docker daemon). Tests skip on it; commands report it.
+var ErrUnavailable = errors.New("backend unavailable")
+
+// Options choose and configure the backend. OptionsFromEnv fills them from
+// the environment.
+type Options struct {
+	Backend Backend // HARNESS_BACKEND; empty means Auto
+	DSN     string  // HARNESS_DSN, else DATABASE_URL: an existing server
+	PGBin   string  // PG_BIN: directory holding initdb, postgres
+	Image   string  // HARNESS_PG_IMAGE: Docker image (default postgres:16-alpine)
+	// Logf receives progress messages; nil discards them.
+	Logf func(format string, args ...any)
+}
+
+// OptionsFromEnv reads HARNESS_BACKEND, HARNESS_DSN (or DATABASE_URL),
+// PG_BIN and HARNESS_PG_IMAGE.
+func OptionsFromEnv() Options {
+	dsn := os.Getenv("HARNESS_DSN")
+	if dsn == "" {
+		dsn = os.Getenv("DATABASE_URL")
+	}
+	return Options{
+		Backend: Backend(os.Getenv("HARNESS_BACKEND")),
+		DSN:     dsn,
+		PGBin:   os.Getenv("PG_BIN"),
+		Image:   os.Getenv("HARNESS_PG_IMAGE"),
+	}
+}
+
+// instance is what a backend provides: a server to connect to, and how to
+// get rid of it.
+type instance interface {
+	// adminConfig is a connection to a maintenance database of the server
+	// with the right to create databases.
+	adminConfig() *pgx.ConnConfig
+	// close stops the server if the backend owns it.
+	close(ctx context.Context) error
+}
+
+// Server is a running PostgreSQL reachable by the harness.
+type Server struct {
+	backend Backend
+	inst    instance
+
+	mu      sync.Mutex
+	created []string // databases this Server created, dropped on Close
+}
+
+// Start obtains a server with the chosen backend.
+func Start(ctx context.Context, opts Options) (*Server, error) {
+	if opts.Logf == nil {
+		opts.Logf = func(string, ...any) {}
+	}
+	backend := opts.Backend
+	if backend == "" {
+		backend = Auto
+	}
+	switch backend {
+	case Local:
+		return wrap(Local)(startLocal(ctx, opts))
+	case DSN:
+		if opts.DSN == "" {
+			return nil, errors.New("HARNESS_BACKEND=dsn needs HARNESS_DSN (or DATABASE_URL) to name a server")
+		}
+		return wrap(DSN)(openDSN(ctx, opts.DSN))
+	case Docker:
+		return wrap(Docker)(startDocker(ctx, opts))
+	case Auto:
+		if opts.DSN != "" {
+			return wrap(DSN)(openDSN(ctx, opts.DSN))
+		}
+		srv, errLocal := wrap(Local)(startLocal(ctx, opts))
+		if errLocal == nil || !errors.Is(errLocal, ErrUnavailable) {
+			return srv, errLocal
+		}
+		srv, errDocker := wrap(Docker)(startDocker(ctx, opts))
+		if errDocker == nil || !errors.Is(errDocker, ErrUnavailable) {
+			return srv, errDocker
+		}
+		return nil, fmt.Errorf("no PostgreSQL available: %w\n"+
+			"  get one of: (1) local server binaries (apt-get install postgresql, or set PG_BIN to their directory),\n"+
+			"  (2) an existing server: HARNESS_DSN=postgres://user@host:5432/postgres,\n"+
+			"  (3) a Docker daemon (HARNESS_BACKEND=docker)\n  local: %v\n  docker: %v",
+			ErrUnavailable, errLocal, errDocker)
+	default:
+		return nil, fmt.Errorf("unknown backend %q: use auto, local, dsn or docker", backend)
+	}
+}
+
+func wrap(b Backend) func(instance, error) (*Server, error) {
+	return func(inst instance, err error) (*Server, error) {
+		if err != nil {
+			return nil, fmt.Errorf("%s backend: %w", b, err)
+		}
+		return &Server{backend: b, inst: inst}, nil
+	}
+}
+
+// Backend reports which backend provided the server.
+func (s *Server) Backend() Backend { return s.backend }
+
+// ConnConfig returns a connection configuration for database name.
+func (s *Server) ConnConfig(name string) *pgx.ConnConfig {
+	cfg := s.inst.adminConfig().Copy()
+	cfg.Database = name
+	return cfg
+}
+
+// DSN returns a URL for database name, password included (never print it;
+// use Redact).
+func (s *Server) DSN(name string) string {
+	cfg := s.ConnConfig(name)
+	u := url.URL{
+		Scheme: "postgres",
+		Host:   fmt.Sprintf("%s:%d", cfg.Host, cfg.Port),
+		Path:   "/" + name,
+	}
+	if cfg.Password != "" {
+		u.User = url.UserPassword(cfg.User, cfg.Password)
+	} else {
+		u.User = url.User(cfg.User)
+	}
+	q := url.Values{}
+	q.Set("sslmode", "disable")
+	if cfg.TLSConfig != nil {
+		q.Set("sslmode", "require")
+	}
+	u.RawQuery = q.Encode()
+	return u.String()
+}
+
+// CreateDatabase creates a new database with a unique name starting with
+// prefix, from template when template is not empty, and returns its name.
+// Close drops it unless Forget is called first.
+func (s *Server) CreateDatabase(ctx context.Context, prefix, template string) (string, error) {
+	name := UniqueName(prefix)
+	stmt := "CREATE DATABASE " + pgx.Identifier{name}.Sanitize()
+	if template != "" {
+		stmt += " TEMPLATE " + pgx.Identifier{template}.Sanitize()
+	}
+	if err := s.admin(ctx, stmt); err != nil {
+		return "", fmt.Errorf("create database %s: %w", name, err)
+	}
+	s.mu.Lock()
+	s.created = append(s.created, name)
+	s.mu.Unlock()
+	return name, nil
+}
+
+// DropDatabase drops a database this Server created, closing any sessions
+// still connected to it.
+func (s *Server) DropDatabase(ctx context.Context, name string) error {
+	if err := s.admin(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)"); err != nil {
+		return fmt.Errorf("drop database %s: %w", name, err)
+	}
+	s.Forget(name)
+	return nil
+}
+
+// Forget removes name from the databases Close drops (to keep a failed
+// test's database for inspection).
+func (s *Server) Forget(name string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i, n := range s.created {
+		if n == name {
+			s.created = append(s.created[:i], s.created[i+1:]...)
+			return
+		}
+	}
+}
+
+// Close drops every database this Server created and stops the server when
+// the backend owns it.
+func (s *Server) Close(ctx context.Context) error {
+	s.mu.Lock()
+	names := append([]string(nil), s.created...)
+	s.mu.Unlock()
+	var errs []error
+	if s.backend == DSN {
+		// Templates are created last and must be dropped after their clones.
+		for i := len(names) - 1; i >= 0; i-- {
+			if err := s.DropDatabase(ctx, names[i]); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	if err := s.inst.close(ctx); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+func (s *Server) admin(ctx context.Context, stmt string) error {
+	conn, err := pgx.ConnectConfig(ctx, s.inst.adminConfig())
+	if err != nil {
+		return fmt.Errorf("connect to %s: %w", Redact(s.DSN(s.inst.adminConfig().Database)), err)
+	}
+	defer conn.Close(ctx)
+	_, err = conn.Exec(ctx, stmt)
+	return err
+}
+
+// UniqueName returns prefix followed by 12 random hex digits.
+func UniqueName(prefix string) string {
+	var b [6]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic(err) // crypto/rand never fails on Linux
+	}
+	return prefix + hex.EncodeToString(b[:])
+}
+
+// Redact replaces the password of a URL or key=value DSN with "xxxxx".
+func Redact(dsn string) string {
+	if u, err := url.Parse(dsn); err == nil && u.Scheme != "" && u.User != nil {
+		if _, has := u.User.Password(); has {
+			u.User = url.UserPassword(u.User.Username(), "xxxxx")
+			return u.String()
+		}
+		return dsn
+	}
+	fields := strings.Fields(dsn)
+	for i, f := range fields {
+		if strings.HasPrefix(strings.ToLower(f), "password=") {
+			fields[i] = "password=xxxxx"
+		}
+	}
+	return strings.Join(fields, " ")
+}
+
+// Restart stops the server with a fast shutdown and starts it again on the
+// same address, as an operator's restart would. Only the local backend owns
+// its server; the others return an error.
+func (s *Server) Restart(ctx context.Context) error {
+	ls, ok := s.inst.(*localServer)
+	if !ok {
+		return fmt.Errorf("restart: the %s backend does not own its server", s.backend)
+	}
+	return ls.restart(ctx)
+}
