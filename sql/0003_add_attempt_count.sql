@@ -1,0 +1,24 @@
+-- 0003_add_attempt_count.sql
+--
+-- Upstream version 3: poison-message counting. Both queues get
+-- attempt_count integer NOT NULL DEFAULT 0; existing rows get 0 from the
+-- default. Every fetch increments it, and an abandon with ignore_attempt
+-- decrements it. The functions of 0002 already use the column (upstream
+-- edited 0002 later), so from this version on they work as written.
+--
+-- Upstream uses ADD COLUMN IF NOT EXISTS. Under goose this file runs exactly
+-- once, so plain ADD COLUMN is used.
+
+-- +goose Up
+
+ALTER TABLE orchestrator_queue ADD COLUMN attempt_count integer NOT NULL DEFAULT 0;
+ALTER TABLE worker_queue ADD COLUMN attempt_count integer NOT NULL DEFAULT 0;
+
+INSERT INTO _duroxide_migrations (version, name) VALUES (3, '0003_add_attempt_count.sql');
+
+-- +goose Down
+
+DELETE FROM _duroxide_migrations WHERE version = 3;
+
+ALTER TABLE worker_queue DROP COLUMN attempt_count;
+ALTER TABLE orchestrator_queue DROP COLUMN attempt_count;
