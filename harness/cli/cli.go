@@ -42,6 +42,7 @@ func commands() []command {
 	return []command{
 		{"migrate", "apply or roll back migrations: migrate up|down|status|version [--to N] [--dsn DSN | --env NAME] [--schema S]", runMigrate},
 		{"db", "throwaway database: db start [--backend auto|local|dsn|docker]", runDB},
+		{"repro", "show the bug at 19 and the fix at 20: repro [minimal|organic|all] [--versions 19,20] [--json FILE] [--report DIR] [--dsn DSN]", runRepro},
 	}
 }
 

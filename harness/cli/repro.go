@@ -1,0 +1,193 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/duroxide-pg/migrations/harness/migrate"
+	"github.com/duroxide-pg/migrations/harness/orch"
+	"github.com/duroxide-pg/migrations/harness/pgtest"
+	"github.com/duroxide-pg/migrations/harness/repro"
+)
+
+// reproSetup is one throwaway database with one schema per version.
+type reproSetup struct {
+	srv     *pgtest.Server
+	dsn     string
+	schemas map[int64]string
+}
+
+// setupRepro starts (or borrows, with dsn) a server, creates a database and
+// migrates schema duroxide_v<N> to N for every version.
+func setupRepro(ctx context.Context, env *Env, dsn string, versions []int64) (*reproSetup, error) {
+	opts := pgtest.OptionsFromEnv()
+	if dsn != "" {
+		opts.Backend, opts.DSN = pgtest.DSN, dsn
+	}
+	startCtx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	srv, err := pgtest.Start(startCtx, opts)
+	if err != nil {
+		return nil, usagef("%v", err)
+	}
+	name, err := srv.CreateDatabase(ctx, "harness_repro_", "")
+	if err != nil {
+		srv.Close(context.Background())
+		return nil, err
+	}
+	s := &reproSetup{srv: srv, dsn: srv.DSN(name), schemas: map[int64]string{}}
+	for _, v := range versions {
+		schema := fmt.Sprintf("duroxide_v%d", v)
+		r, err := migrate.Open(ctx, s.dsn, migrate.Options{Schema: schema})
+		if err != nil {
+			s.close()
+			return nil, err
+		}
+		_, err = r.UpTo(ctx, v)
+		r.Close()
+		if err != nil {
+			s.close()
+			return nil, err
+		}
+		s.schemas[v] = schema
+	}
+	fmt.Fprintf(env.Stderr, "harness: %s database, schemas %v\n", srv.Backend(), s.schemas)
+	return s, nil
+}
+
+func (s *reproSetup) close() { _ = s.srv.Close(context.Background()) }
+
+// reproReport is what --json writes.
+type reproReport struct {
+	Minimal []repro.MinimalResult `json:"minimal,omitempty"`
+	Verdict map[string]bool       `json:"verdict"`
+}
+
+func runRepro(ctx context.Context, env *Env, args []string) error {
+	fs := newFlags(env, "repro")
+	dsn := fs.String("dsn", "", "use this existing server (a database is created and dropped) instead of a throwaway one")
+	versionsFlag := fs.String("versions", "19,20", "schema versions to compare: the buggy one, then the fixed one")
+	jsonFile := fs.String("json", "", "write the figures as JSON to this file")
+	reportDir := fs.String("report", "", "write a Markdown report into this directory")
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	which := "all"
+	if len(pos) > 1 {
+		return usagef("usage: harness repro [minimal|organic|all] [--versions 19,20] [--json FILE] [--report DIR] [--dsn DSN]")
+	}
+	if len(pos) == 1 {
+		which = pos[0]
+	}
+	if which != "minimal" && which != "organic" && which != "all" {
+		return usagef("unknown repro %q: use minimal, organic or all", which)
+	}
+	versions, err := parseVersions(*versionsFlag)
+	if err != nil {
+		return err
+	}
+	_ = reportDir
+
+	setup, err := setupRepro(ctx, env, *dsn, versions)
+	if err != nil {
+		return err
+	}
+	defer setup.close()
+
+	report := reproReport{Verdict: map[string]bool{}}
+	ok := true
+	if which == "minimal" || which == "all" {
+		results, verdict, err := runMinimal(ctx, env, setup, versions)
+		if err != nil {
+			return err
+		}
+		report.Minimal = results
+		report.Verdict["minimal"] = verdict
+		ok = ok && verdict
+	}
+	if which == "organic" || which == "all" {
+		fmt.Fprintln(env.Stdout, "\norganic repro: not available in this build yet")
+	}
+	if *jsonFile != "" {
+		b, _ := json.MarshalIndent(report, "", "  ")
+		if err := os.WriteFile(*jsonFile, append(b, '\n'), 0o644); err != nil {
+			return fmt.Errorf("write %s: %w", *jsonFile, err)
+		}
+	}
+	if !ok {
+		return failure{"the repro did not show what it should (see the verdicts above)"}
+	}
+	return nil
+}
+
+func parseVersions(s string) ([]int64, error) {
+	var out []int64
+	for _, f := range strings.Split(s, ",") {
+		v, err := strconv.ParseInt(strings.TrimSpace(f), 10, 64)
+		if err != nil || v < 1 || v > 20 {
+			return nil, usagef("--versions %q: give two schema versions between 1 and 20, e.g. 19,20", s)
+		}
+		out = append(out, v)
+	}
+	if len(out) != 2 {
+		return nil, usagef("--versions %q: give exactly two versions, the buggy one then the fixed one", s)
+	}
+	return out, nil
+}
+
+// runMinimal runs the stale-timestamp repro on every version and prints
+// them side by side. The verdict holds when the first version shows the bug
+// and the second the fix.
+func runMinimal(ctx context.Context, env *Env, setup *reproSetup, versions []int64) ([]repro.MinimalResult, bool, error) {
+	conn, err := pgx.Connect(ctx, setup.dsn)
+	if err != nil {
+		return nil, false, err
+	}
+	defer conn.Close(ctx)
+	var results []repro.MinimalResult
+	for _, v := range versions {
+		res, err := repro.Minimal(ctx, conn, setup.schemas[v], v, repro.MinimalConfig{Filter: orch.RuntimeFilter})
+		if err != nil {
+			return nil, false, fmt.Errorf("minimal repro at %d: %w", v, err)
+		}
+		results = append(results, res)
+	}
+	bug, fixed := results[0].Bug(), results[1].Fixed()
+	fmt.Fprintf(env.Stdout, "minimal repro: fetch with p_now_ms %d ms stale, lock timeout %d ms, runtime version filter\n\n",
+		results[0].StaleMs, results[0].LockTimeoutMs)
+	tw := tabwriter.NewWriter(env.Stdout, 0, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintf(tw, "\tversion %d\tversion %d\t\n", versions[0], versions[1])
+	fmt.Fprintf(tw, "row returned\t%v\t%v\t\n", results[0].Fetched, results[1].Fetched)
+	fmt.Fprintf(tw, "remaining lease at return (ms, db clock)\t%+d\t%+d\t\n", results[0].RemainingMs, results[1].RemainingMs)
+	fmt.Fprintf(tw, "ack with the returned token\t%s\t%s\t\n", ackText(results[0]), ackText(results[1]))
+	tw.Flush()
+	fmt.Fprintf(env.Stdout, "\nverdict: version %d %s; version %d %s\n", versions[0], verdictText(bug, "shows the bug", "does NOT show the bug"),
+		versions[1], verdictText(fixed, "is fixed", "is NOT fixed"))
+	return results, bug && fixed, nil
+}
+
+func ackText(r repro.MinimalResult) string {
+	if r.AckOK {
+		return "ok"
+	}
+	if r.AckError != "" {
+		return r.AckError
+	}
+	return "-"
+}
+
+func verdictText(ok bool, yes, no string) string {
+	if ok {
+		return yes
+	}
+	return no
+}
