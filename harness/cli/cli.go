@@ -109,10 +109,17 @@ func printHelp(w io.Writer) {
 	fmt.Fprintln(w, "\nRun `harness <command> -h` for its flags.")
 }
 
-// newFlags makes a flag set that reports errors instead of exiting.
+// newFlags makes a flag set that reports errors instead of exiting; -h
+// prints its flags to stdout, a bad flag is a one-line usage error.
 func newFlags(env *Env, name string) *flag.FlagSet {
 	fs := flag.NewFlagSet("harness "+name, flag.ContinueOnError)
-	fs.SetOutput(env.Stderr)
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {
+		fmt.Fprintf(env.Stdout, "usage of %s:\n", fs.Name())
+		fs.SetOutput(env.Stdout)
+		fs.PrintDefaults()
+		fs.SetOutput(io.Discard)
+	}
 	return fs
 }
 

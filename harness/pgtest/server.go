@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"net/url"
 	"os"
+	"regexp"
 	"strings"
 	"sync"
 
@@ -244,6 +245,10 @@ func UniqueName(prefix string) string {
 	return prefix + hex.EncodeToString(b[:])
 }
 
+// urlPassword matches the password part of a URL-shaped DSN, even one that
+// does not parse.
+var urlPassword = regexp.MustCompile(`(://[^:/@\s]*):[^@\s]*@`)
+
 // Redact replaces the password of a URL or key=value DSN with "xxxxx".
 func Redact(dsn string) string {
 	if u, err := url.Parse(dsn); err == nil && u.Scheme != "" && u.User != nil {
@@ -252,6 +257,9 @@ func Redact(dsn string) string {
 			return u.String()
 		}
 		return dsn
+	}
+	if strings.Contains(dsn, "://") {
+		return urlPassword.ReplaceAllString(dsn, "$1:xxxxx@")
 	}
 	fields := strings.Fields(dsn)
 	for i, f := range fields {
