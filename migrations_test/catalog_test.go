@@ -121,3 +121,48 @@ func TestSecondUpIsANoop(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, r.Latest(), v)
 }
+
+// duroxide-pg's own runner reads (version, name) from _duroxide_migrations
+// and skips what is recorded: after Up to N the table holds exactly the rows
+// 1..N with upstream's file names, and Down removes them again.
+func TestUpstreamBookkeepingRowsFollowTheVersion(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	r := dbs.New(t, 0).Runner(t)
+	st, err := r.Status(ctx)
+	require.NoError(t, err)
+	names := map[int64]string{}
+	for _, s := range st {
+		names[s.Source.Version] = filepath.Base(s.Source.Path)
+	}
+	rows := func() map[int64]string {
+		out := map[int64]string{}
+		res, err := r.DB().QueryContext(ctx, "SELECT version, name FROM _duroxide_migrations ORDER BY version")
+		require.NoError(t, err)
+		defer res.Close()
+		for res.Next() {
+			var v int64
+			var n string
+			require.NoError(t, res.Scan(&v, &n))
+			out[v] = n
+		}
+		require.NoError(t, res.Err())
+		return out
+	}
+	for _, v := range []int64{1, 7, 12, upstreamVersions} {
+		_, err := r.UpTo(ctx, v)
+		require.NoError(t, err)
+		want := map[int64]string{}
+		for i := int64(1); i <= v; i++ {
+			want[i] = names[i]
+		}
+		require.Equal(t, want, rows(), "at version %d", v)
+	}
+	_, err = r.Up(ctx)
+	require.NoError(t, err)
+	require.Len(t, rows(), upstreamVersions, "0020 is ours, not upstream's 20: it records nothing")
+	_, err = r.DownTo(ctx, 5)
+	require.NoError(t, err)
+	require.Len(t, rows(), 5)
+	require.Equal(t, "0005_add_visible_at_to_worker_queue.sql", rows()[5])
+}
