@@ -16,7 +16,18 @@ const (
 	ExitOK      = 0
 	ExitFailure = 1 // the command ran and found a problem (e.g. a repro verdict)
 	ExitUsage   = 2 // bad input: the message says what to do
+	// ExitCritical is doctor's "critical" verdict, the same code as bad
+	// input, as monitoring expects 0 ok / 1 warning / 2 critical.
+	ExitCritical = 2
 )
+
+// exitError ends a command with a given exit code and a one-line message.
+type exitError struct {
+	code int
+	msg  string
+}
+
+func (e exitError) Error() string { return e.msg }
 
 // usageError is bad input from the user: printed on one line, exit 2.
 type usageError struct{ msg string }
@@ -42,6 +53,8 @@ func commands() []command {
 	return []command{
 		{"migrate", "apply or roll back migrations: migrate up|down|status|version [--to N] [--dsn DSN | --env NAME] [--schema S]", runMigrate},
 		{"db", "throwaway database: db start [--backend auto|local|dsn|docker]", runDB},
+		{"baseline", "adopt a database made by duroxide-pg's own runner: baseline [--dsn DSN | --env NAME] [--schema S] [--dry-run] [--force]", runBaseline},
+		{"doctor", "health check, exit 0 ok / 1 warning / 2 critical: doctor [--dsn DSN | --env NAME] [--schema S] [--json] [--max-attempts 10] [--reset-attempts INSTANCE... [--apply]]", runDoctor},
 		{"repro", "show the bug at 19 and the fix at 20: repro [minimal|organic|all] [--versions 19,20] [--json FILE] [--report DIR] [--dsn DSN]", runRepro},
 	}
 }
@@ -71,6 +84,11 @@ func report(env *Env, err error) int {
 	}
 	if errors.Is(err, flag.ErrHelp) {
 		return ExitOK
+	}
+	var x exitError
+	if errors.As(err, &x) {
+		fmt.Fprintln(env.Stderr, "harness: "+oneLine(x.msg))
+		return x.code
 	}
 	var u usageError
 	if errors.As(err, &u) {

@@ -1,0 +1,82 @@
+package cli
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/stdlib"
+
+	"github.com/duroxide-pg/migrations/harness/baseline"
+	"github.com/duroxide-pg/migrations/harness/migrate"
+	"github.com/duroxide-pg/migrations/harness/pgtest"
+)
+
+// runBaseline adopts a database created by duroxide-pg's own runner: see
+// package baseline.
+func runBaseline(ctx context.Context, env *Env, args []string) error {
+	fs := newFlags(env, "baseline")
+	var t target
+	t.register(fs)
+	dryRun := fs.Bool("dry-run", false, "check and print what would be done; change nothing")
+	force := fs.Bool("force", false, "replace the rows of an existing goose version table that disagrees with _duroxide_migrations")
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 0 {
+		return usagef("baseline takes no arguments, got %q (e.g. `harness baseline --dsn DSN --schema duroxide --dry-run`)", pos[0])
+	}
+	if err := t.resolve(); err != nil {
+		return err
+	}
+	db, err := t.connect(ctx)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	res, err := baseline.Run(ctx, db, baseline.Options{
+		Schema:       t.schema,
+		VersionTable: t.cfg.VersionTable,
+		DryRun:       *dryRun,
+		Force:        *force,
+	})
+	var refusal *baseline.Refusal
+	if errors.As(err, &refusal) {
+		fmt.Fprintln(env.Stdout, "baseline refused: "+refusal.Error())
+		return failure{msg: "baseline refused: " + refusal.Reason}
+	}
+	if err != nil {
+		return failure{msg: "baseline: " + pgErrText(err)}
+	}
+	fmt.Fprintf(env.Stdout, "schema %s:\n", res.Schema)
+	for _, l := range res.Lines {
+		fmt.Fprintln(env.Stdout, "  "+l)
+	}
+	switch {
+	case res.DryRun && res.Changed:
+		fmt.Fprintf(env.Stdout, "run again without --dry-run to record versions 1..%d\n", res.Baseline)
+	case res.Changed:
+		fmt.Fprintf(env.Stdout, "baselined at version %d; next: `harness migrate up --schema %s` applies %d..\n",
+			res.Baseline, res.Schema, res.Baseline+1)
+	}
+	return nil
+}
+
+// connect opens a pool on t's database with search_path = the target
+// schema, without creating anything; connection failures are bad input.
+func (t *target) connect(ctx context.Context) (*sql.DB, error) {
+	cfg, err := pgx.ParseConfig(t.dsn)
+	if err != nil {
+		return nil, usagef("bad DSN %s: %v", pgtest.Redact(t.dsn), oneLine(err.Error()))
+	}
+	cfg.RuntimeParams["search_path"] = migrate.SearchPath(t.schema)
+	db := stdlib.OpenDB(*cfg)
+	if err := db.PingContext(ctx); err != nil {
+		db.Close()
+		return nil, usagef("cannot use %s: %s; check the DSN and that the server runs", pgtest.Redact(t.dsn), oneLine(pgErrText(err)))
+	}
+	return db, nil
+}

@@ -1,0 +1,76 @@
+package cli
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestDoctorExitCodes(t *testing.T) {
+	t.Parallel()
+	d20 := dbs.New(t, 20)
+	code, out, errOut := runCmd(t, runDoctor, "--dsn", d20.DSN, "--schema", d20.Schema)
+	require.Equal(t, ExitOK, code, out+errOut)
+	require.Contains(t, out, "schema duroxide: OK")
+
+	code, out, _ = runCmd(t, runDoctor, "--dsn", d20.DSN, "--schema", d20.Schema, "--json")
+	require.Equal(t, ExitOK, code)
+	var rep map[string]any
+	require.NoError(t, json.Unmarshal([]byte(out), &rep))
+	require.Equal(t, "ok", rep["status"])
+
+	d19 := dbs.New(t, 19)
+	code, out, errOut = runCmd(t, runDoctor, "--dsn", d19.DSN, "--schema", d19.Schema)
+	require.Equal(t, 1, code)
+	require.Contains(t, out, "WARNING")
+	require.Contains(t, errOut, "fetch_orchestration_item")
+
+	sqlExec(t, d20, "CREATE OR REPLACE FUNCTION "+d20.Qualify("fetch_orchestration_item")+
+		`(p_now_ms bigint, p_lock_timeout_ms bigint, p_min_version_packed bigint DEFAULT NULL, p_max_version_packed bigint DEFAULT NULL)
+		RETURNS TABLE(out_instance_id text, out_orchestration_name text, out_orchestration_version text, out_execution_id bigint,
+		out_history jsonb, out_messages jsonb, out_lock_token text, out_attempt_count integer, out_kv_snapshot jsonb)
+		LANGUAGE plpgsql AS $$ BEGIN RETURN; END $$`)
+	code, out, errOut = runCmd(t, runDoctor, "--dsn", d20.DSN, "--schema", d20.Schema)
+	require.Equal(t, 2, code)
+	require.Contains(t, out, "CRITICAL")
+	require.Contains(t, errOut, "critical")
+}
+
+func TestDoctorResetAttempts(t *testing.T) {
+	t.Parallel()
+	d := dbs.New(t, 20)
+	q := d.Qualify("orchestrator_queue")
+	sqlExec(t, d, "INSERT INTO "+q+" (instance_id, work_item, visible_at, created_at, attempt_count) VALUES ('a', '{}', now(), now(), 99), ('b', '{}', now(), now(), 99)")
+	base := []string{"--dsn", d.DSN, "--schema", d.Schema}
+
+	code, _, _ := runCmd(t, runDoctor, base...)
+	require.Equal(t, 1, code, "trapped messages are a warning")
+
+	code, out, errOut := runCmd(t, runDoctor, append(base, "--reset-attempts", "a")...)
+	require.Equal(t, ExitOK, code, errOut)
+	require.Contains(t, out, "dry run")
+	code, _, _ = runCmd(t, runDoctor, base...)
+	require.Equal(t, 1, code, "a dry run changes nothing")
+
+	code, out, errOut = runCmd(t, runDoctor, append(base, "--reset-attempts", "a", "b", "--apply")...)
+	require.Equal(t, ExitOK, code, errOut)
+	require.Contains(t, out, "reset attempt_count to 0 on 2 message(s)")
+	code, out, _ = runCmd(t, runDoctor, base...)
+	require.Equal(t, ExitOK, code, out)
+}
+
+func TestDoctorBadInput(t *testing.T) {
+	t.Parallel()
+	for _, args := range [][]string{
+		{"--reset-attempts"},
+		{"inst"},
+		{"--apply", "--dsn", "postgres://x@127.0.0.1/db"},
+		{"--max-attempts", "0", "--dsn", "postgres://x@127.0.0.1/db"},
+	} {
+		code, _, errOut := runCmd(t, runDoctor, args...)
+		require.Equal(t, ExitUsage, code, "%v", args)
+		require.Equal(t, 1, strings.Count(errOut, "\n"), "one line: %q", errOut)
+	}
+}
