@@ -34,6 +34,7 @@ type template struct {
 	once sync.Once
 	name string
 	err  error
+	done bool // guarded by Pool.mu
 }
 
 // NewPool prepares databases on srv whose migrations go into schema.
@@ -72,12 +73,29 @@ func (p *Pool) Template(ctx context.Context, version int64) (string, error) {
 	p.mu.Unlock()
 	tpl.once.Do(func() {
 		tpl.name, tpl.err = p.buildTemplate(ctx, version)
+		p.mu.Lock()
+		tpl.done = true
+		p.mu.Unlock()
 	})
 	return tpl.name, tpl.err
 }
 
+// nearestBelow returns the newest finished template older than version, so
+// that building a template only applies the migrations in between.
+func (p *Pool) nearestBelow(version int64) string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	best, name := int64(0), ""
+	for v, tpl := range p.templates {
+		if tpl.done && tpl.err == nil && v > best && (version == Latest || v < version) {
+			best, name = v, tpl.name
+		}
+	}
+	return name
+}
+
 func (p *Pool) buildTemplate(ctx context.Context, version int64) (string, error) {
-	name, err := p.srv.CreateDatabase(ctx, fmt.Sprintf("harness_tmpl_v%d_", max(version, 0)), "")
+	name, err := p.clone(ctx, fmt.Sprintf("harness_tmpl_v%d_", max(version, 0)), p.nearestBelow(version))
 	if err != nil {
 		return "", err
 	}
@@ -97,21 +115,25 @@ func (p *Pool) buildTemplate(ctx context.Context, version int64) (string, error)
 	return name, nil
 }
 
+// clone creates a database from template ("" for an empty one), retrying
+// while the template is briefly in use by another clone (55006).
+func (p *Pool) clone(ctx context.Context, prefix, template string) (string, error) {
+	for attempt := 0; ; attempt++ {
+		name, err := p.srv.CreateDatabase(ctx, prefix, template)
+		if err == nil || template == "" || attempt == 20 || ctx.Err() != nil {
+			return name, err
+		}
+		time.Sleep(time.Duration(10*(attempt+1)) * time.Millisecond)
+	}
+}
+
 // Create makes a fresh database at version. The caller drops it.
 func (p *Pool) Create(ctx context.Context, version int64) (*Database, error) {
 	tpl, err := p.Template(ctx, version)
 	if err != nil {
 		return nil, err
 	}
-	var name string
-	for attempt := 0; ; attempt++ {
-		name, err = p.srv.CreateDatabase(ctx, "harness_test_", tpl)
-		// 55006: the template is briefly in use by another clone.
-		if err == nil || attempt == 20 || ctx.Err() != nil {
-			break
-		}
-		time.Sleep(time.Duration(10*(attempt+1)) * time.Millisecond)
-	}
+	name, err := p.clone(ctx, "harness_test_", tpl)
 	if err != nil {
 		return nil, err
 	}
