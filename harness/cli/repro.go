@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/duroxide-pg/migrations/harness/dispatch"
 	"github.com/duroxide-pg/migrations/harness/migrate"
 	"github.com/duroxide-pg/migrations/harness/orch"
 	"github.com/duroxide-pg/migrations/harness/pgtest"
@@ -68,6 +70,7 @@ func (s *reproSetup) close() { _ = s.srv.Close(context.Background()) }
 // reproReport is what --json writes.
 type reproReport struct {
 	Minimal []repro.MinimalResult `json:"minimal,omitempty"`
+	Organic *repro.OrganicResult  `json:"organic,omitempty"`
 	Verdict map[string]bool       `json:"verdict"`
 }
 
@@ -76,7 +79,17 @@ func runRepro(ctx context.Context, env *Env, args []string) error {
 	dsn := fs.String("dsn", "", "use this existing server (a database is created and dropped) instead of a throwaway one")
 	versionsFlag := fs.String("versions", "19,20", "schema versions to compare: the buggy one, then the fixed one")
 	jsonFile := fs.String("json", "", "write the figures as JSON to this file")
-	reportDir := fs.String("report", "", "write a Markdown report into this directory")
+	reportDir := fs.String("report", "", "write a Markdown report (with a histogram of remaining lease) into this directory")
+	def := repro.OrganicDefaults()
+	dispatchers := fs.Int("dispatchers", def.Dispatchers, "organic: simulated dispatchers, each with its own connection")
+	instances := fs.Int("instances", def.Instances, "organic: hot instances")
+	history := fs.Int("history", def.HistoryEvents, "organic: history events per instance")
+	eventBytes := fs.Int("event-bytes", def.EventBytes, "organic: approximate size of one history event")
+	lockTimeout := fs.Duration("lock-timeout", def.LockTimeout, "organic: orchestrator lock timeout (0: 3.5 x one uncontended fetch, measured now)")
+	poll := fs.Duration("poll", def.PollInterval, "organic: minimum poll interval")
+	turn := fs.Duration("turn", def.TurnTime, "organic: simulated turn time")
+	duration := fs.Duration("duration", def.Duration, "organic: run time per version")
+	skew := fs.Duration("skew", def.Skew, "organic: spread the dispatchers' clocks over [-skew, +skew]")
 	pos, err := parse(fs, args)
 	if err != nil {
 		return err
@@ -95,7 +108,15 @@ func runRepro(ctx context.Context, env *Env, args []string) error {
 	if err != nil {
 		return err
 	}
-	_ = reportDir
+	organicCfg := def
+	organicCfg.Dispatchers, organicCfg.Instances, organicCfg.HistoryEvents, organicCfg.EventBytes = *dispatchers, *instances, *history, *eventBytes
+	organicCfg.LockTimeout, organicCfg.PollInterval, organicCfg.TurnTime, organicCfg.Duration, organicCfg.Skew = *lockTimeout, *poll, *turn, *duration, *skew
+	if *dispatchers < 1 || *instances < 1 || *history < 0 || *eventBytes < 1 || *lockTimeout < 0 || *poll <= 0 || *turn < 0 || *duration <= 0 || *skew < 0 {
+		return usagef("organic settings out of range: dispatchers, instances, event-bytes >= 1; poll, duration > 0; history, lock-timeout, turn, skew >= 0")
+	}
+	if (which == "organic" || which == "all") && (versions[0] != 19 || versions[1] != 20) {
+		return usagef("the organic repro compares versions 19 and 20 only; drop --versions or use `repro minimal`")
+	}
 
 	setup, err := setupRepro(ctx, env, *dsn, versions)
 	if err != nil {
@@ -115,7 +136,22 @@ func runRepro(ctx context.Context, env *Env, args []string) error {
 		ok = ok && verdict
 	}
 	if which == "organic" || which == "all" {
-		fmt.Fprintln(env.Stdout, "\norganic repro: not available in this build yet")
+		if which == "all" {
+			fmt.Fprintln(env.Stdout)
+		}
+		res, err := runOrganic(ctx, env, setup, organicCfg)
+		if err != nil {
+			return err
+		}
+		report.Organic = &res
+		report.Verdict["organic"] = res.Verdict.OK
+		ok = ok && res.Verdict.OK
+	}
+	if *reportDir != "" {
+		if err := writeReproReport(*reportDir, report); err != nil {
+			return err
+		}
+		fmt.Fprintf(env.Stderr, "harness: report written to %s\n", filepath.Join(*reportDir, "report.md"))
 	}
 	if *jsonFile != "" {
 		b, _ := json.MarshalIndent(report, "", "  ")
@@ -127,6 +163,53 @@ func runRepro(ctx context.Context, env *Env, args []string) error {
 		return failure{"the repro did not show what it should (see the verdicts above)"}
 	}
 	return nil
+}
+
+// writeReproReport writes dir/report.md: the organic report (with its
+// histogram) when that scenario ran, then the minimal scenario's table.
+func writeReproReport(dir string, report reproReport) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("write report: %w", err)
+	}
+	path := filepath.Join(dir, "report.md")
+	if report.Organic != nil {
+		if err := repro.WriteReport(dir, *report.Organic); err != nil {
+			return fmt.Errorf("write report: %w", err)
+		}
+	} else if err := os.WriteFile(path, []byte("# duroxide-pg fetch_orchestration_item: the repro\n\n"), 0o644); err != nil {
+		return fmt.Errorf("write report: %w", err)
+	}
+	if len(report.Minimal) == 0 {
+		return nil
+	}
+	f, err := os.OpenFile(path, os.O_APPEND|os.O_WRONLY, 0o644)
+	if err != nil {
+		return fmt.Errorf("write report: %w", err)
+	}
+	defer f.Close()
+	_, err = fmt.Fprintf(f, "\n%s", repro.MinimalMarkdown(report.Minimal))
+	return err
+}
+
+// runOrganic runs the multi-dispatcher scenario on throwaway schemas at 19
+// and 20 in the repro database, with a progress line on stderr.
+func runOrganic(ctx context.Context, env *Env, setup *reproSetup, cfg dispatch.Config) (repro.OrganicResult, error) {
+	schemas, err := repro.PrepareOrganic(ctx, setup.dsn)
+	if err != nil {
+		return repro.OrganicResult{}, err
+	}
+	res, err := repro.RunOrganic(ctx, setup.dsn, schemas, cfg, func(line string) {
+		fmt.Fprintln(env.Stderr, "harness: "+line)
+	})
+	if err != nil {
+		return res, fmt.Errorf("organic repro: %w", err)
+	}
+	fmt.Fprintln(env.Stdout, "organic repro: simulated dispatchers on hot instances, no stale timestamps injected")
+	fmt.Fprintln(env.Stdout)
+	if err := repro.PrintTable(env.Stdout, res); err != nil {
+		return res, err
+	}
+	return res, nil
 }
 
 func parseVersions(s string) ([]int64, error) {

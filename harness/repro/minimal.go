@@ -6,6 +6,7 @@ package repro
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/duroxide-pg/migrations/harness/orch"
@@ -109,4 +110,38 @@ func Minimal(ctx context.Context, q orch.Querier, schema string, version int64, 
 		res.AckOK = true
 	}
 	return res, nil
+}
+
+// MinimalMarkdown renders the minimal repro's results as a Markdown section.
+func MinimalMarkdown(results []MinimalResult) string {
+	if len(results) == 0 {
+		return ""
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "## Minimal scenario: a stale p_now_ms\n\n")
+	fmt.Fprintf(&b, "One visible message; fetch with p_now_ms %d ms behind the database clock and a %d ms lock timeout; "+
+		"remaining lease read against the database clock right after the call; then an ack with the returned token.\n\n",
+		results[0].StaleMs, results[0].LockTimeoutMs)
+	b.WriteString("|")
+	for _, r := range results {
+		fmt.Fprintf(&b, " | version %d", r.Version)
+	}
+	b.WriteString(" |\n|---")
+	for range results {
+		b.WriteString("|---")
+	}
+	b.WriteString("|\n| remaining lease at return (ms)")
+	for _, r := range results {
+		fmt.Fprintf(&b, " | %+d", r.RemainingMs)
+	}
+	b.WriteString(" |\n| ack with the returned token")
+	for _, r := range results {
+		ack := "ok"
+		if !r.AckOK {
+			ack = r.AckError
+		}
+		fmt.Fprintf(&b, " | %s", ack)
+	}
+	b.WriteString(" |\n")
+	return b.String()
 }
