@@ -166,3 +166,24 @@ func TestUpstreamBookkeepingRowsFollowTheVersion(t *testing.T) {
 	require.Len(t, rows(), 5)
 	require.Equal(t, "0005_add_visible_at_to_worker_queue.sql", rows()[5])
 }
+
+// The pack's own migrations after 19 change function bodies only: the
+// catalog stays upstream's version 19, and each Down restores the previous
+// version's bodies exactly.
+func TestPackFixesKeepTheCatalogAndDownRestoresTheBodies(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	r := dbs.New(t, upstreamVersions).Runner(t)
+	for v := int64(upstreamVersions + 1); v <= r.Latest(); v++ {
+		before := takeBodies(t, r)
+		_, err := r.UpTo(ctx, v)
+		require.NoError(t, err)
+		requireSameCatalog(t, upstreamCatalog(t, upstreamVersions), takeCatalog(t, r), fmt.Sprintf("at %04d", v))
+		require.NotEqual(t, before, takeBodies(t, r), "%04d must change a function body", v)
+		_, err = r.DownTo(ctx, v-1)
+		require.NoError(t, err)
+		require.Equal(t, before, takeBodies(t, r), "down from %04d restores the bodies of %04d", v, v-1)
+		_, err = r.UpTo(ctx, v)
+		require.NoError(t, err)
+	}
+}

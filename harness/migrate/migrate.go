@@ -12,6 +12,8 @@ import (
 	"fmt"
 	"hash/fnv"
 	"io/fs"
+	"strconv"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/stdlib"
@@ -198,4 +200,17 @@ func wrapErr(op string, err error) error {
 			op, partial.Failed.Source.Path, partial.Err)
 	}
 	return fmt.Errorf("migrate %s: %w", op, err)
+}
+
+// PackLatest is the newest version among the pack's embedded migrations.
+func PackLatest() int64 {
+	entries, _ := fs.ReadDir(migrations.FS, ".")
+	var latest int64
+	for _, e := range entries {
+		num, _, ok := strings.Cut(e.Name(), "_")
+		if v, err := strconv.ParseInt(num, 10, 64); ok && err == nil && strings.HasSuffix(e.Name(), ".sql") {
+			latest = max(latest, v)
+		}
+	}
+	return latest
 }
