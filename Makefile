@@ -13,8 +13,8 @@ MAJORS  ?=
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
 
-test: ## every test on a throwaway PostgreSQL, then the quick matrix on MATRIX_MAJORS (default "14 18")
-	$(GO) test -count=1 -timeout 20m ./...
+test: ## every test on a throwaway PostgreSQL (one package at a time: the repro tests are timing-based), then the quick matrix on MATRIX_MAJORS (default "14 18")
+	$(GO) test -p 1 -count=1 -timeout 20m ./...
 ifneq ($(strip $(MATRIX_MAJORS)),)
 	OUT='$(OUT)' MATRIX_TESTS=quick scripts/pg-matrix.sh $(MATRIX_MAJORS)
 endif

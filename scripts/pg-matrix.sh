@@ -194,7 +194,7 @@ done
 
 tests="${MATRIX_TESTS:-full}"
 case "$tests" in
-  full) test_cmd=(go test -count=1 -timeout "${MATRIX_GO_TEST_TIMEOUT:-20m}" ./...) ;;
+  full) test_cmd=(go test -p 1 -count=1 -timeout "${MATRIX_GO_TEST_TIMEOUT:-20m}" ./...) ;;
   quick) test_cmd=(go test -count=1 -timeout "${MATRIX_GO_TEST_TIMEOUT:-20m}" ./migrations_test/ -run 'TestCatalog|TestV20') ;;
   *) echo "pg-matrix: MATRIX_TESTS must be full or quick, not '$tests'" >&2; exit 2 ;;
 esac

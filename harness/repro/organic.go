@@ -89,7 +89,7 @@ func OrganicDefaults() dispatch.Config {
 	}
 }
 
-// OrganicShort is OrganicDefaults cut to 6 s per version, for the test
+// OrganicShort is OrganicDefaults cut to 8 s per version, for the test
 // suite: about 14 s for calibration and both versions. Measured as above,
 // seven runs (three inside `go test ./...`), timeouts 170-310 ms: at 19
 // 91-100% of leases dead on arrival, max attempt_count 13-27; at 20 no
@@ -99,7 +99,7 @@ func OrganicDefaults() dispatch.Config {
 // scenario at most twice.
 func OrganicShort() dispatch.Config {
 	c := OrganicDefaults()
-	c.Duration = 6 * time.Second
+	c.Duration = 8 * time.Second
 	return c
 }
 
