@@ -8,7 +8,7 @@ OUT     ?= out
 MATRIX_MAJORS ?= 14 18
 MAJORS  ?=
 
-.PHONY: help test repro lint up db build matrix matrix-quick
+.PHONY: help test repro bench lint up db build matrix matrix-quick
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
@@ -22,6 +22,9 @@ endif
 repro: ## show the bug at 0019 and the fix at 0020 on a throwaway PostgreSQL
 	@mkdir -p $(OUT)
 	$(HARNESS) repro all --report $(OUT) --json $(OUT)/repro.json
+
+bench: ## 0019 vs 0020 speed, side by side in one run (about 3 min); writes docs/bench/
+	$(HARNESS) bench --report docs/bench
 
 lint: ## gofmt and go vet
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); \

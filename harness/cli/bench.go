@@ -1,0 +1,143 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/duroxide-pg/migrations/harness/bench"
+	"github.com/duroxide-pg/migrations/harness/pgtest"
+)
+
+// benchSummary is the line of `harness help` for the bench command.
+const benchSummary = "speed of 0019 against 0020, side by side in one run: bench [--rounds 3] [--duration 2.5s] [--scenarios backlog,hot,queue-only,migrate] [--json FILE] [--report DIR] [--dsn DSN]"
+
+// runBench is `harness bench`: every scenario of package bench, rounds
+// alternating 19 and 20, on a throwaway server (or --dsn), a table of
+// medians and ratios on stdout, a progress line on stderr.
+func runBench(ctx context.Context, env *Env, args []string) error {
+	def := bench.Defaults()
+	fs := newFlags(env, "bench")
+	dsn := fs.String("dsn", "", "use this existing server (a database is created and dropped) instead of a throwaway one")
+	rounds := fs.Int("rounds", def.Rounds, "rounds per cell and version (at least 3)")
+	duration := fs.Duration("duration", def.Duration, "run time of one cell, per version and round")
+	scenarios := fs.String("scenarios", strings.Join(def.Scenarios, ","), "scenarios to run: backlog, hot, queue-only, migrate")
+	jsonFile := fs.String("json", "", "write the result as JSON to this file")
+	reportDir := fs.String("report", "", "write report.md, throughput.svg and bench.json into this directory")
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) > 0 {
+		return usagef("harness bench takes no arguments, got %q (run `harness bench -h`)", pos[0])
+	}
+	if *rounds < 3 {
+		return usagef("--rounds %d: at least 3 rounds, so that medians mean something", *rounds)
+	}
+	if *duration < 100*time.Millisecond || *duration > 10*time.Minute {
+		return usagef("--duration %v: give a cell duration between 100ms and 10m, e.g. 2.5s", *duration)
+	}
+	cfg := def
+	cfg.Rounds, cfg.Duration, cfg.Scenarios = *rounds, *duration, nil
+	for _, s := range strings.Split(*scenarios, ",") {
+		s = strings.ReplaceAll(strings.TrimSpace(s), "-", "_")
+		if s == "" {
+			continue
+		}
+		cfg.Scenarios = append(cfg.Scenarios, s)
+	}
+	if len(cfg.Scenarios) == 0 {
+		return usagef("--scenarios is empty: name some of backlog, hot, queue-only, migrate")
+	}
+	if err := cfg.Validate(); err != nil {
+		return usagef("%v", err)
+	}
+
+	opts := pgtest.OptionsFromEnv()
+	if *dsn != "" {
+		opts.Backend, opts.DSN = pgtest.DSN, *dsn
+	}
+	startCtx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	srv, err := pgtest.Start(startCtx, opts)
+	cancel()
+	if err != nil {
+		return usagef("%v", err)
+	}
+	defer srv.Close(context.Background())
+
+	bar := newProgressBar(env.Stderr)
+	res, err := bench.Run(ctx, srv, cfg, bar.update)
+	bar.done()
+	if err != nil {
+		return err
+	}
+	if err := bench.PrintTable(env.Stdout, &res); err != nil {
+		return err
+	}
+	if *reportDir != "" {
+		if err := bench.WriteReport(*reportDir, &res); err != nil {
+			return fmt.Errorf("write report: %w", err)
+		}
+		fmt.Fprintf(env.Stderr, "harness: report written to %s\n", filepath.Join(*reportDir, bench.ReportFile))
+	}
+	if *jsonFile != "" {
+		if err := bench.WriteJSON(*jsonFile, &res); err != nil {
+			return fmt.Errorf("write %s: %w", *jsonFile, err)
+		}
+	}
+	return nil
+}
+
+// progressBar draws one line on a terminal (rewritten in place) or one
+// line per step elsewhere (CI logs).
+type progressBar struct {
+	w    io.Writer
+	tty  bool
+	last int
+}
+
+func newProgressBar(w io.Writer) *progressBar {
+	tty := false
+	if f, ok := w.(*os.File); ok {
+		if st, err := f.Stat(); err == nil && st.Mode()&os.ModeCharDevice != 0 {
+			tty = true
+		}
+	}
+	return &progressBar{w: w, tty: tty}
+}
+
+func (p *progressBar) update(pr bench.Progress) {
+	const width = 24
+	filled := 0
+	if pr.Steps > 0 {
+		filled = width * max(pr.Step-1, 0) / pr.Steps
+	}
+	eta := ""
+	if pr.Step > 1 && pr.Steps > 0 {
+		left := time.Duration(float64(pr.Elapsed) / float64(pr.Step-1) * float64(pr.Steps-pr.Step+1))
+		eta = fmt.Sprintf(", ~%v left", left.Round(time.Second))
+	}
+	round := ""
+	if pr.Round > 0 {
+		round = fmt.Sprintf("round %d/%d ", pr.Round, pr.Rounds)
+	}
+	line := fmt.Sprintf("bench [%s%s] %d/%d %s%s (%v%s)", strings.Repeat("#", filled), strings.Repeat(".", width-filled),
+		pr.Step, pr.Steps, round, pr.Label, pr.Elapsed.Round(time.Second), eta)
+	if p.tty {
+		pad := max(p.last-len(line), 0)
+		fmt.Fprintf(p.w, "\r%s%s", line, strings.Repeat(" ", pad))
+		p.last = len(line)
+		return
+	}
+	fmt.Fprintln(p.w, line)
+}
+
+func (p *progressBar) done() {
+	if p.tty && p.last > 0 {
+		fmt.Fprintln(p.w)
+	}
+}
