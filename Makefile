@@ -7,8 +7,9 @@ OUT     ?= out
 # PostgreSQL majors `make test` also runs the quick matrix on (empty: none).
 MATRIX_MAJORS ?= 14 18
 MAJORS  ?=
+FUZZTIME ?= 10m
 
-.PHONY: help test repro bench lint up db build matrix matrix-quick
+.PHONY: help test repro bench fuzz soak lint up db build matrix matrix-quick
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
@@ -25,6 +26,12 @@ repro: ## show the bug at 0019 and the fix at 0020 on a throwaway PostgreSQL
 
 bench: ## 0019 vs 0020 speed, side by side in one run (about 3 min); writes docs/bench/
 	$(HARNESS) bench --report docs/bench
+
+fuzz: ## fuzz the fault scenarios against the invariants: make fuzz [FUZZTIME=10m]
+	$(GO) test -run '^$$' -fuzz '^FuzzInvariants$$' -fuzztime $(FUZZTIME) -parallel 2 -timeout 0 ./harness/faults
+
+soak: ## all faults mixed for 5 minutes, exit 1 on any invariant violation
+	$(HARNESS) soak --duration 5m
 
 lint: ## gofmt and go vet
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); \

@@ -56,6 +56,7 @@ func commands() []command {
 		{"baseline", "adopt a database made by duroxide-pg's own runner: baseline [--dsn DSN | --env NAME] [--schema S] [--dry-run] [--force]", runBaseline},
 		{"doctor", "health check, exit 0 ok / 1 warning / 2 critical: doctor [--dsn DSN | --env NAME] [--schema S] [--json] [--max-attempts 10] [--reset-attempts INSTANCE... [--apply]]", runDoctor},
 		{"bench", benchSummary, runBench},
+		{"soak", "fault-injection soak, exit 1 on any invariant violation: soak [--duration 5m] [--round 20s] [--dsn DSN] [--version N] [--seed N] [--no-restart] [--json FILE]", runSoak},
 		{"repro", "show the bug at 19 and the fix at 20: repro [minimal|organic|all] [--versions 19,20] [--json FILE] [--report DIR] [--dsn DSN]", runRepro},
 	}
 }
