@@ -29,9 +29,7 @@ var (
 	dbs *testdb.Pool
 )
 
-func TestMain(m *testing.M) { os.Exit(run(m)) }
-
-func run(m *testing.M) int {
+func TestMain(m *testing.M) {
 	// The tests wait on the database, not the CPU: run more of them at once
 	// than GOMAXPROCS unless -parallel is given.
 	flag.Parse()
@@ -40,17 +38,10 @@ func run(m *testing.M) int {
 	if !parallelSet {
 		_ = flag.Set("test.parallel", "8")
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	var err error
-	srv, err = pgtest.Start(ctx, pgtest.OptionsFromEnv())
-	cancel()
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "baseline tests: no PostgreSQL server: %v\n", err)
-		return 1
-	}
-	defer func() { _ = srv.Close(context.Background()) }()
-	dbs = testdb.NewPool(srv, "duroxide")
-	return m.Run()
+	os.Exit(testdb.RunTests(m, func(s *pgtest.Server) {
+		srv = s
+		dbs = testdb.NewPool(s, "duroxide")
+	}))
 }
 
 // chain holds one template database per version 1..19, made by migrating

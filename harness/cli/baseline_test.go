@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -19,19 +18,10 @@ import (
 // server started by TestMain (other tests of the package start their own).
 var dbs *testdb.Pool
 
-func TestMain(m *testing.M) { os.Exit(runTests(m)) }
-
-func runTests(m *testing.M) int {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	srv, err := pgtest.Start(ctx, pgtest.OptionsFromEnv())
-	cancel()
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "cli tests: no PostgreSQL server: %v\n", err)
-		return 1
-	}
-	defer func() { _ = srv.Close(context.Background()) }()
-	dbs = testdb.NewPool(srv, "duroxide")
-	return m.Run()
+func TestMain(m *testing.M) {
+	os.Exit(testdb.RunTests(m, func(srv *pgtest.Server) {
+		dbs = testdb.NewPool(srv, "duroxide")
+	}))
 }
 
 // runCmd runs one subcommand function as Run would (while it is not yet

@@ -3,7 +3,6 @@ package dispatch_test
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"os"
 	"runtime"
 	"testing"
@@ -19,19 +18,10 @@ import (
 
 var dbs *testdb.Pool
 
-func TestMain(m *testing.M) { os.Exit(run(m)) }
-
-func run(m *testing.M) int {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	srv, err := pgtest.Start(ctx, pgtest.OptionsFromEnv())
-	cancel()
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "dispatch: no PostgreSQL server: %v\n", err)
-		return 1
-	}
-	defer srv.Close(context.Background())
-	dbs = testdb.NewPool(srv, "duroxide")
-	return m.Run()
+func TestMain(m *testing.M) {
+	os.Exit(testdb.RunTests(m, func(srv *pgtest.Server) {
+		dbs = testdb.NewPool(srv, "duroxide")
+	}))
 }
 
 func TestRenewalIntervalFollowsTheRuntime(t *testing.T) {

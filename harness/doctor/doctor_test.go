@@ -25,20 +25,11 @@ var (
 	other *testdb.Pool // a schema name that needs quoting
 )
 
-func TestMain(m *testing.M) { os.Exit(run(m)) }
-
-func run(m *testing.M) int {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	srv, err := pgtest.Start(ctx, pgtest.OptionsFromEnv())
-	cancel()
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "doctor tests: no PostgreSQL server: %v\n", err)
-		return 1
-	}
-	defer func() { _ = srv.Close(context.Background()) }()
-	dbs = testdb.NewPool(srv, "duroxide")
-	other = testdb.NewPool(srv, "Other's Schema")
-	return m.Run()
+func TestMain(m *testing.M) {
+	os.Exit(testdb.RunTests(m, func(srv *pgtest.Server) {
+		dbs = testdb.NewPool(srv, "duroxide")
+		other = testdb.NewPool(srv, "Other's Schema")
+	}))
 }
 
 func openDB(t *testing.T, d *testdb.Database) *sql.DB {

@@ -7,6 +7,7 @@ package testdb
 import (
 	"context"
 	"fmt"
+	"os"
 	"sync"
 	"testing"
 	"time"
@@ -219,4 +220,29 @@ func (d *Database) Conn(t testing.TB, searchPath string) *pgx.Conn {
 // Qualify returns schema.name, quoted, for use in SQL text.
 func (d *Database) Qualify(name string) string {
 	return pgx.Identifier{d.Schema, name}.Sanitize()
+}
+
+// RunTests is the body of a test binary's TestMain: it starts one throwaway
+// server (HARNESS_BACKEND and friends choose it), hands it to setup, runs the
+// tests and stops the server, returning the exit code. With no server to be
+// had it reports why and fails: the default path must run.
+//
+//	func TestMain(m *testing.M) {
+//		os.Exit(testdb.RunTests(m, func(srv *pgtest.Server) { dbs = testdb.NewPool(srv, "duroxide") }))
+//	}
+func RunTests(m *testing.M, setup func(*pgtest.Server)) int {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	srv, err := pgtest.Start(ctx, pgtest.OptionsFromEnv())
+	cancel()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "no PostgreSQL server for the tests: %v\n", err)
+		return 1
+	}
+	defer func() {
+		if err := srv.Close(context.Background()); err != nil {
+			fmt.Fprintf(os.Stderr, "stop the test server: %v\n", err)
+		}
+	}()
+	setup(srv)
+	return m.Run()
 }
