@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/duroxide-pg/migrations/harness/bench"
-	"github.com/duroxide-pg/migrations/harness/pgtest"
 )
 
 // benchSummary is the line of `harness help` for the bench command.
@@ -57,15 +56,9 @@ func runBench(ctx context.Context, env *Env, args []string) error {
 		return usagef("%v", err)
 	}
 
-	opts := pgtest.OptionsFromEnv()
-	if *dsn != "" {
-		opts.Backend, opts.DSN = pgtest.DSN, *dsn
-	}
-	startCtx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-	srv, err := pgtest.Start(startCtx, opts)
-	cancel()
+	srv, err := obtainServer(ctx, *dsn)
 	if err != nil {
-		return usagef("%v", err)
+		return err
 	}
 	defer srv.Close(context.Background())
 

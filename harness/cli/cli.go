@@ -9,6 +9,9 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"time"
+
+	"github.com/duroxide-pg/migrations/harness/pgtest"
 )
 
 // Exit codes.
@@ -161,4 +164,26 @@ func parse(fs *flag.FlagSet, args []string) ([]string, error) {
 		positional = append(positional, args[0])
 		args = args[1:]
 	}
+}
+
+// obtainServer obtains the throwaway server a command works on: the
+// environment's backend, or the existing server of dsn when it is given.
+// Failing to get one is a usage error (the message names the ways to get
+// one).
+func obtainServer(ctx context.Context, dsn string) (*pgtest.Server, error) {
+	opts := pgtest.OptionsFromEnv()
+	if dsn != "" {
+		opts.Backend, opts.DSN = pgtest.DSN, dsn
+	}
+	return obtainServerWith(ctx, opts)
+}
+
+func obtainServerWith(ctx context.Context, opts pgtest.Options) (*pgtest.Server, error) {
+	startCtx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	srv, err := pgtest.Start(startCtx, opts)
+	if err != nil {
+		return nil, usagef("%v", err)
+	}
+	return srv, nil
 }

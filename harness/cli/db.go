@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os/signal"
 	"syscall"
-	"time"
 
 	"github.com/duroxide-pg/migrations/harness/migrate"
 	"github.com/duroxide-pg/migrations/harness/pgtest"
@@ -32,11 +31,9 @@ func runDB(ctx context.Context, env *Env, args []string) error {
 		return usagef("unknown backend %q: use auto, local, dsn or docker", opts.Backend)
 	}
 	opts.Logf = func(f string, a ...any) { fmt.Fprintf(env.Stderr, f+"\n", a...) }
-	startCtx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-	srv, err := pgtest.Start(startCtx, opts)
-	cancel()
+	srv, err := obtainServerWith(ctx, opts)
 	if err != nil {
-		return usagef("%v", err)
+		return err
 	}
 	defer srv.Close(context.Background())
 	name, err := srv.CreateDatabase(ctx, "harness_", "")

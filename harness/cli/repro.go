@@ -9,7 +9,6 @@ import (
 	"strconv"
 	"strings"
 	"text/tabwriter"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -30,15 +29,9 @@ type reproSetup struct {
 // setupRepro starts (or borrows, with dsn) a server, creates a database and
 // migrates schema duroxide_v<N> to N for every version.
 func setupRepro(ctx context.Context, env *Env, dsn string, versions []int64) (*reproSetup, error) {
-	opts := pgtest.OptionsFromEnv()
-	if dsn != "" {
-		opts.Backend, opts.DSN = pgtest.DSN, dsn
-	}
-	startCtx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-	defer cancel()
-	srv, err := pgtest.Start(startCtx, opts)
+	srv, err := obtainServer(ctx, dsn)
 	if err != nil {
-		return nil, usagef("%v", err)
+		return nil, err
 	}
 	name, err := srv.CreateDatabase(ctx, "harness_repro_", "")
 	if err != nil {

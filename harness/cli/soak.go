@@ -77,15 +77,9 @@ func runSoak(ctx context.Context, env *Env, args []string) error {
 		*seed = uint64(time.Now().UnixNano())
 	}
 
-	opts := pgtest.OptionsFromEnv()
-	if *dsn != "" {
-		opts.Backend, opts.DSN = pgtest.DSN, *dsn
-	}
-	startCtx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-	srv, err := pgtest.Start(startCtx, opts)
-	cancel()
+	srv, err := obtainServer(ctx, *dsn)
 	if err != nil {
-		return usagef("%v", err)
+		return err
 	}
 	defer srv.Close(context.Background())
 	name, err := srv.CreateDatabase(ctx, "harness_soak_", "")
