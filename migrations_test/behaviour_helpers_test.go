@@ -42,9 +42,13 @@ type v19 struct {
 }
 
 // newV19 gives t a database of its own migrated to version 19.
-func newV19(t *testing.T) *v19 {
+func newV19(t *testing.T) *v19 { t.Helper(); return newAtVersion(t, 19) }
+
+// newAtVersion is newV19 at another version (the helpers work on any
+// version from 19 on: the pack's later migrations keep the same catalog).
+func newAtVersion(t *testing.T, version int64) *v19 {
 	t.Helper()
-	db := dbs.New(t, 19)
+	db := dbs.New(t, version)
 	return &v19{t: t, db: db, pool: db.PgxPool(t)}
 }
 

@@ -8,13 +8,26 @@ package migrations_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
+
+	"github.com/duroxide-pg/migrations/harness/migrate"
 )
 
-func TestV19FunctionsIgnoreTheCallersSearchPath(t *testing.T) {
+// At 19 and at the pack's latest version (the fixes keep the property).
+func TestFunctionsIgnoreTheCallersSearchPath(t *testing.T) {
+	t.Parallel()
+	for _, version := range []int64{19, migrate.PackLatest()} {
+		t.Run(fmt.Sprintf("at version %d", version), func(t *testing.T) {
+			testFunctionsIgnoreTheCallersSearchPath(t, version)
+		})
+	}
+}
+
+func testFunctionsIgnoreTheCallersSearchPath(t *testing.T, version int64) {
 	t.Parallel()
 
 	// decoyTables are the pack's tables a function body might name without
@@ -65,7 +78,7 @@ func TestV19FunctionsIgnoreTheCallersSearchPath(t *testing.T) {
 
 	t.Run("with search_path public holding decoy tables, the functions use and leave only the duroxide tables", func(t *testing.T) {
 		t.Parallel()
-		h := newV19(t)
+		h := newAtVersion(t, version)
 		conn := h.db.Conn(t, "public")
 		ctx := context.Background()
 		for _, table := range decoyTables {
@@ -106,7 +119,7 @@ func TestV19FunctionsIgnoreTheCallersSearchPath(t *testing.T) {
 
 	t.Run("temporary look-alike tables do not shadow the duroxide tables", func(t *testing.T) {
 		t.Parallel()
-		h := newV19(t)
+		h := newAtVersion(t, version)
 		conn := h.db.Conn(t, "public")
 		ctx := context.Background()
 		for _, table := range decoyTables {

@@ -505,3 +505,53 @@ func TestV20DownRestoresV19AndTheBugReturns(t *testing.T) {
 		require.InDelta(t, -5000, res.RemainingMs, 1000)
 	}
 }
+
+// What 19 does with the inputs 20 rejects (documented in CHANGELOG): no row
+// for a NULL clock, a NOT NULL violation for a NULL timeout, a lease that is
+// already over for a zero or negative timeout, and one that never ends for
+// an absurd one.
+func TestV19OnTheInputsV20Rejects(t *testing.T) {
+	t.Parallel()
+	now := time.Now().UnixMilli()
+	cases := []struct {
+		name      string
+		now       any
+		timeout   any
+		wantState string // SQLSTATE, or "" for no error
+		wantRow   bool
+		// check looks at the lease 19 handed out, when it did.
+		check func(t *testing.T, lockedUntil int64)
+	}{
+		{"NULL p_now_ms: no row", nil, int64(leaseTimeout), "", false, nil},
+		{"negative p_now_ms: no row (nothing is visible at 1969)", int64(-1), int64(leaseTimeout), "", false, nil},
+		{"NULL p_lock_timeout_ms: NOT NULL violation", now, nil, "23502", false, nil},
+		{"zero p_lock_timeout_ms: a lease already over", now, int64(0), "", true,
+			func(t *testing.T, until int64) { require.LessOrEqual(t, until, now) }},
+		{"negative p_lock_timeout_ms: a lease already over", now, int64(-5000), "", true,
+			func(t *testing.T, until int64) { require.Less(t, until, now) }},
+		{"absurd p_lock_timeout_ms: a lease that never ends", now, int64(1) << 60, "", true,
+			func(t *testing.T, until int64) { require.Greater(t, until, now+(int64(1)<<59)) }},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b := setupFix(t, 19)
+			b.enqueue(t, "x")
+			var token *string
+			err := b.pool.QueryRow(context.Background(), "SELECT out_lock_token FROM "+b.db.Qualify("fetch_orchestration_item")+"($1, $2, 0, 1029)",
+				tc.now, tc.timeout).Scan(&token)
+			if tc.wantState != "" {
+				require.Equal(t, tc.wantState, orch.SQLState(err))
+				return
+			}
+			if !tc.wantRow {
+				require.ErrorIs(t, err, pgx.ErrNoRows)
+				return
+			}
+			require.NoError(t, err)
+			lease, err := b.c.ReadLease(context.Background(), b.pool, *token)
+			require.NoError(t, err)
+			tc.check(t, lease.LockedUntilMs)
+		})
+	}
+}
