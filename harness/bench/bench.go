@@ -478,13 +478,8 @@ func queueConfig(cfg Config, n int) dispatch.Config {
 }
 
 func migrateSchema(ctx context.Context, dsn, schema string, version int64) error {
-	r, err := migrate.Open(ctx, dsn, migrate.Options{Schema: schema})
-	if err != nil {
-		return fmt.Errorf("bench: schema %s: %w", schema, err)
-	}
-	defer r.Close()
-	if _, err := r.UpTo(ctx, version); err != nil {
-		return fmt.Errorf("bench: schema %s: %w", schema, err)
+	if err := migrate.To(ctx, dsn, schema, version); err != nil {
+		return fmt.Errorf("bench: %w", err)
 	}
 	return nil
 }

@@ -42,13 +42,7 @@ func runDB(ctx context.Context, env *Env, args []string) error {
 	}
 	dsn := srv.DSN(name)
 	if *migrateTo > 0 {
-		r, err := migrate.Open(ctx, dsn, migrate.Options{})
-		if err != nil {
-			return err
-		}
-		_, err = r.UpTo(ctx, *migrateTo)
-		r.Close()
-		if err != nil {
+		if err := migrate.To(ctx, dsn, migrate.DefaultSchema, *migrateTo); err != nil {
 			return err
 		}
 	}

@@ -41,14 +41,7 @@ func setupRepro(ctx context.Context, env *Env, dsn string, versions []int64) (*r
 	s := &reproSetup{srv: srv, dsn: srv.DSN(name), schemas: map[int64]string{}}
 	for _, v := range versions {
 		schema := fmt.Sprintf("duroxide_v%d", v)
-		r, err := migrate.Open(ctx, s.dsn, migrate.Options{Schema: schema})
-		if err != nil {
-			s.close()
-			return nil, err
-		}
-		_, err = r.UpTo(ctx, v)
-		r.Close()
-		if err != nil {
+		if err := migrate.To(ctx, s.dsn, schema, v); err != nil {
 			s.close()
 			return nil, err
 		}

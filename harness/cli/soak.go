@@ -88,13 +88,7 @@ func runSoak(ctx context.Context, env *Env, args []string) error {
 	}
 	dbDSN := srv.DSN(name)
 	const schema = "duroxide_soak"
-	r, err := migrate.Open(ctx, dbDSN, migrate.Options{Schema: schema})
-	if err != nil {
-		return err
-	}
-	_, err = r.UpTo(ctx, *version)
-	r.Close()
-	if err != nil {
+	if err := migrate.To(ctx, dbDSN, schema, *version); err != nil {
 		return err
 	}
 

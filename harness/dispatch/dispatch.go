@@ -349,7 +349,7 @@ func (d *dispatcher) fetch(ctx context.Context) (*fetched, error) {
 			ev.LeaseLost = true
 			ev.Outcome = OutcomeOK + " (lease not read: " + lerr.Error() + ")"
 		}
-		ids, derr := messageIDs(it.Messages)
+		ids, derr := MessageIDs(it.Messages)
 		ev.Messages = ids
 		d.log.Add(ev)
 		if it.Name == nil || it.Version == nil {

@@ -199,7 +199,7 @@ func PendingMessages(ctx context.Context, dsn, schema string) ([]string, error) 
 		return nil, err
 	}
 	arr, _ := json.Marshal(items)
-	return messageIDs(arr)
+	return MessageIDs(arr)
 }
 
 // Conservation checks that no message was lost or delivered twice: every

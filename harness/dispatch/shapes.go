@@ -124,9 +124,9 @@ func externalRaised(instance, id string) json.RawMessage {
 		field{"instance", instance}, field{"name", EventName}, field{"data", id})})
 }
 
-// messageIDs returns the data of each ExternalRaised of a fetched batch (the
+// MessageIDs returns the data of each ExternalRaised of a fetched batch (the
 // message ids); other work items yield "".
-func messageIDs(messages json.RawMessage) ([]string, error) {
+func MessageIDs(messages json.RawMessage) ([]string, error) {
 	var items []map[string]json.RawMessage
 	if len(messages) == 0 {
 		return nil, nil

@@ -584,7 +584,7 @@ func (w *worker) fetch(ctx context.Context) (*orch.Item, []string, error) {
 		ev.RemainingMs = lease.LockedUntilMs - after
 		ev.LeaseAgeMs = w.cfg.LockTimeout.Milliseconds() - ev.RemainingMs
 	}
-	ids, derr := messageIDs(it.Messages)
+	ids, derr := dispatch.MessageIDs(it.Messages)
 	ev.Messages = ids
 	crash := w.cfg.CrashProb > 0 && w.rng.Float64() < w.cfg.CrashProb
 	if crash {
@@ -737,29 +737,6 @@ func metadataJSON(status, output string) json.RawMessage {
 	}
 	b, _ := json.Marshal(m)
 	return b
-}
-
-// messageIDs returns the data of each ExternalRaised of a batch.
-func messageIDs(messages json.RawMessage) ([]string, error) {
-	if len(messages) == 0 {
-		return nil, nil
-	}
-	var items []map[string]json.RawMessage
-	if err := json.Unmarshal(messages, &items); err != nil {
-		return nil, fmt.Errorf("decode messages: %w", err)
-	}
-	ids := make([]string, len(items))
-	for i, it := range items {
-		if raw, ok := it["ExternalRaised"]; ok {
-			var er struct {
-				Data string `json:"data"`
-			}
-			if json.Unmarshal(raw, &er) == nil {
-				ids[i] = er.Data
-			}
-		}
-	}
-	return ids, nil
 }
 
 func sleep(ctx context.Context, d time.Duration) {

@@ -214,3 +214,17 @@ func PackLatest() int64 {
 	}
 	return latest
 }
+
+// To opens a runner on dsn, migrates schema up to version and closes it:
+// the one-liner for tools that need a schema at a given version.
+func To(ctx context.Context, dsn, schema string, version int64) error {
+	r, err := Open(ctx, dsn, Options{Schema: schema})
+	if err != nil {
+		return fmt.Errorf("schema %s: %w", schema, err)
+	}
+	defer r.Close()
+	if _, err := r.UpTo(ctx, version); err != nil {
+		return fmt.Errorf("schema %s: %w", schema, err)
+	}
+	return nil
+}

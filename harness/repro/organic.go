@@ -121,13 +121,8 @@ func PrepareOrganic(ctx context.Context, dsn string) (map[int]string, error) {
 }
 
 func migrateTo(ctx context.Context, dsn, schema string, version int64) error {
-	r, err := migrate.Open(ctx, dsn, migrate.Options{Schema: schema})
-	if err != nil {
-		return fmt.Errorf("organic: schema %s: %w", schema, err)
-	}
-	defer r.Close()
-	if _, err := r.UpTo(ctx, version); err != nil {
-		return fmt.Errorf("organic: schema %s: %w", schema, err)
+	if err := migrate.To(ctx, dsn, schema, version); err != nil {
+		return fmt.Errorf("organic: %w", err)
 	}
 	return nil
 }
