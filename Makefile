@@ -9,12 +9,17 @@ MATRIX_MAJORS ?= 14 18
 MAJORS  ?=
 FUZZTIME ?= 10m
 
-.PHONY: help test repro bench fuzz soak lint up db build matrix matrix-quick
+.PHONY: help upstream test repro bench fuzz soak lint up db build matrix matrix-quick
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
 
-test: ## every test on a throwaway PostgreSQL (one package at a time: the repro tests are timing-based), then the quick matrix on MATRIX_MAJORS (default "14 18")
+upstream: ## install the real duroxide-pg provider (npm duroxide-linux-x64-gnu, pinned in tools/upstream) that the adoption tests run
+	@if command -v npm >/dev/null 2>&1; then \
+	  npm ci --prefix tools/upstream --no-audit --no-fund --loglevel=error; \
+	else echo "make upstream: npm not found; the tests that need the real provider will skip and say so"; fi
+
+test: upstream ## every test on a throwaway PostgreSQL (one package at a time: the repro tests are timing-based), then the quick matrix on MATRIX_MAJORS (default "14 18")
 	$(GO) test -p 1 -count=1 -timeout 20m ./...
 ifneq ($(strip $(MATRIX_MAJORS)),)
 	OUT='$(OUT)' MATRIX_TESTS=quick scripts/pg-matrix.sh $(MATRIX_MAJORS)
