@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/duroxide-pg/migrations/harness/migrate"
+	migrations "github.com/duroxide-pg/migrations/sql"
 )
 
 // At 19 and at the pack's latest version (the fixes keep the property).
@@ -33,6 +34,12 @@ func testFunctionsIgnoreTheCallersSearchPath(t *testing.T, version int64) {
 	// decoyTables are the pack's tables a function body might name without
 	// its schema; each gets a look-alike in the caller's path.
 	decoyTables := []string{"orchestrator_queue", "instance_locks", "instances", "executions", "history", "kv_store", "worker_queue", "sessions"}
+	// From upstream 20 on, a turn's KV mutation lands in kv_delta.
+	kvTable := "kv_store"
+	if migrations.UpstreamAt(version) >= 20 {
+		kvTable = "kv_delta"
+		decoyTables = append(decoyTables, kvTable)
+	}
 
 	// run drives one whole turn through conn: enqueue, fetch and ack of an
 	// orchestration item, then enqueue, fetch and ack of the activity it
@@ -69,7 +76,7 @@ func testFunctionsIgnoreTheCallersSearchPath(t *testing.T, version int64) {
 		require.EqualValues(t, 1, h.count("instances", "instance_id = 'order-1'"))
 		require.EqualValues(t, 1, h.count("executions", "instance_id = 'order-1'"))
 		require.EqualValues(t, 1, h.count("history", "instance_id = 'order-1'"))
-		require.EqualValues(t, 1, h.count("kv_store", "instance_id = 'order-1'"))
+		require.EqualValues(t, 1, h.count(kvTable, "instance_id = 'order-1'"))
 		require.Zero(t, h.count("instance_locks", "true"))
 		require.Zero(t, h.count("worker_queue", "true"))
 		require.EqualValues(t, 1, h.count("sessions", "session_id = 's1' AND worker_id = 'w1'"))

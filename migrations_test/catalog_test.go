@@ -10,17 +10,20 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/duroxide-pg/migrations/harness/catalog"
+	"github.com/duroxide-pg/migrations/harness/fingerprint"
 	"github.com/duroxide-pg/migrations/harness/migrate"
 	"github.com/duroxide-pg/migrations/harness/testdb"
+	migrations "github.com/duroxide-pg/migrations/sql"
 )
 
-// upstreamVersions is the number of upstream duroxide-pg versions the pack
-// re-creates (0001..0019).
-const upstreamVersions = 19
-
+// upstreamCatalog is upstream's catalog at upstream version version.
 func upstreamCatalog(t *testing.T, version int64) catalog.Snapshot {
 	t.Helper()
-	raw, err := os.ReadFile(filepath.Join("testdata", "catalog", fmt.Sprintf("v%04d.json", version)))
+	name := fmt.Sprintf("v%04d.json", version)
+	if version > 19 {
+		name = "upstream-later-" + name
+	}
+	raw, err := os.ReadFile(filepath.Join("testdata", "catalog", name))
 	require.NoError(t, err)
 	snap, err := catalog.Canonical(raw)
 	require.NoError(t, err)
@@ -48,29 +51,30 @@ func requireSameCatalog(t *testing.T, want, got catalog.Snapshot, what string) {
 	}
 }
 
-func TestPackHasOneFilePerUpstreamVersion(t *testing.T) {
+// Every released upstream version (every one with reference fingerprints)
+// has its port in the pack, recording upstream's own file name, and the
+// pack ports nothing else.
+func TestPackPortsEveryReleasedUpstreamVersion(t *testing.T) {
 	t.Parallel()
-	r := dbs.New(t, 0).Runner(t)
-	st, err := r.Status(context.Background())
-	require.NoError(t, err)
-	have := map[int64]string{}
-	for _, s := range st {
-		have[s.Source.Version] = filepath.Base(s.Source.Path)
+	for _, v := range fingerprint.UpstreamVersions() {
+		port, ok := migrations.PortOf(v)
+		require.True(t, ok, "no port of upstream version %d", v)
+		require.Regexp(t, fmt.Sprintf(`^%04d_[a-z0-9_]+\.sql$`, v), port.UpstreamName)
 	}
-	for v := int64(1); v <= upstreamVersions; v++ {
-		require.Contains(t, have, v, "no migration file for upstream version %d", v)
-	}
+	require.Equal(t, fingerprint.UpstreamVersions(), migrations.UpstreamVersions())
 }
 
 // Walking up one version at a time, the schema equals upstream's catalog at
-// every version; walking back down, every Down restores the previous
-// version's catalog and function bodies exactly, and Down of 0001 leaves the
-// schema empty.
+// every version (a fix keeps the catalog of the port before it), and every
+// function body is the one the pack's files say: the port's text, or the
+// fix of an applied fix migration. Walking back down, every Down restores
+// the previous version's catalog and function bodies exactly, and Down of
+// 0001 leaves the schema empty.
 func TestCatalogMatchesUpstreamAtEveryVersionUpAndDown(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	r := dbs.New(t, 0).Runner(t)
-	top := min(r.Latest(), upstreamVersions)
+	top := r.Latest()
 
 	bodies := map[int64]map[string]string{0: takeBodies(t, r)}
 	catalogs := map[int64]catalog.Snapshot{0: takeCatalog(t, r)}
@@ -80,7 +84,8 @@ func TestCatalogMatchesUpstreamAtEveryVersionUpAndDown(t *testing.T) {
 		require.NoError(t, err, "up to %d", v)
 		catalogs[v] = takeCatalog(t, r)
 		bodies[v] = takeBodies(t, r)
-		requireSameCatalog(t, upstreamCatalog(t, v), catalogs[v], fmt.Sprintf("after up to %04d", v))
+		requireSameCatalog(t, upstreamCatalog(t, migrations.UpstreamAt(v)), catalogs[v], fmt.Sprintf("after up to %04d", v))
+		requirePackTexts(t, r, v)
 	}
 	for v := top; v >= 1; v-- {
 		_, err := r.DownTo(ctx, v-1)
@@ -90,6 +95,31 @@ func TestCatalogMatchesUpstreamAtEveryVersionUpAndDown(t *testing.T) {
 			"after down from %04d the function bodies (md5 of pg_get_functiondef) must be those of %04d", v, v-1)
 	}
 	require.True(t, takeCatalog(t, r).Empty(), "down to 0 must leave the schema empty")
+}
+
+// requirePackTexts checks that every function of a pack-built schema at
+// goose version v has the body the pack's files give it: what baseline and
+// doctor recognise as "the pack's".
+func requirePackTexts(t *testing.T, r *migrate.Runner, v int64) {
+	t.Helper()
+	funcs, err := fingerprint.Take(context.Background(), r.DB(), r.Schema())
+	require.NoError(t, err)
+	texts := fingerprint.PackTexts(migrations.UpstreamAt(v))
+	fixed := map[string]bool{}
+	for _, m := range migrations.Fixes() {
+		for _, f := range m.Fixes {
+			fixed[f] = fixed[f] || m.Version <= v
+		}
+	}
+	require.Len(t, funcs, len(texts), "at %04d: the functions are the pack's", v)
+	for id, f := range funcs {
+		if fixed[f.Name] {
+			d, ok := fingerprint.Identify(f)
+			require.True(t, ok && d.Fixed, "at %04d %s carries the fix, got %+v", v, id, d)
+			continue
+		}
+		require.Equal(t, texts[f.Name], f.Raw, "at %04d %s is the pack's text of upstream %d", v, id, migrations.UpstreamAt(v))
+	}
 }
 
 func TestUpDownUpGivesTheSameCatalog(t *testing.T) {
@@ -124,17 +154,12 @@ func TestSecondUpIsANoop(t *testing.T) {
 
 // duroxide-pg's own runner reads (version, name) from _duroxide_migrations
 // and skips what is recorded: after Up to N the table holds exactly the rows
-// 1..N with upstream's file names, and Down removes them again.
+// of the upstream versions ported up to N, with upstream's file names (the
+// fixes record nothing), and Down removes them again.
 func TestUpstreamBookkeepingRowsFollowTheVersion(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	r := dbs.New(t, 0).Runner(t)
-	st, err := r.Status(ctx)
-	require.NoError(t, err)
-	names := map[int64]string{}
-	for _, s := range st {
-		names[s.Source.Version] = filepath.Base(s.Source.Path)
-	}
 	rows := func() map[int64]string {
 		out := map[int64]string{}
 		res, err := r.DB().QueryContext(ctx, "SELECT version, name FROM _duroxide_migrations ORDER BY version")
@@ -149,41 +174,52 @@ func TestUpstreamBookkeepingRowsFollowTheVersion(t *testing.T) {
 		require.NoError(t, res.Err())
 		return out
 	}
-	for _, v := range []int64{1, 7, 12, upstreamVersions} {
+	want := func(v int64) map[int64]string {
+		out := map[int64]string{}
+		for _, m := range migrations.MustPack() {
+			if m.IsPort() && m.Version <= v {
+				out[m.Upstream] = m.UpstreamName
+			}
+		}
+		return out
+	}
+	for v := int64(1); v <= r.Latest(); v++ {
 		_, err := r.UpTo(ctx, v)
 		require.NoError(t, err)
-		want := map[int64]string{}
-		for i := int64(1); i <= v; i++ {
-			want[i] = names[i]
-		}
-		require.Equal(t, want, rows(), "at version %d", v)
+		require.Equal(t, want(v), rows(), "at version %d", v)
 	}
-	_, err = r.Up(ctx)
+	require.Equal(t, "0023_partial_secondary_indexes.sql", rows()[23])
+	require.NotContains(t, rows(), int64(22), "upstream has not released 22")
+	_, err := r.DownTo(ctx, 5)
 	require.NoError(t, err)
-	require.Len(t, rows(), upstreamVersions, "0020 is ours, not upstream's 20: it records nothing")
-	_, err = r.DownTo(ctx, 5)
-	require.NoError(t, err)
-	require.Len(t, rows(), 5)
+	require.Equal(t, want(5), rows())
 	require.Equal(t, "0005_add_visible_at_to_worker_queue.sql", rows()[5])
 }
 
-// The pack's own migrations after 19 change function bodies only: the
-// catalog stays upstream's version 19, and each Down restores the previous
-// version's bodies exactly.
-func TestPackFixesKeepTheCatalogAndDownRestoresTheBodies(t *testing.T) {
+// A fix migration changes exactly the functions it names: the catalog stays
+// that of the port before it, every other body is untouched, and its Down
+// restores the previous bodies exactly.
+func TestEachFixChangesExactlyTheFunctionsItNames(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	r := dbs.New(t, upstreamVersions).Runner(t)
-	for v := int64(upstreamVersions + 1); v <= r.Latest(); v++ {
-		before := takeBodies(t, r)
-		_, err := r.UpTo(ctx, v)
-		require.NoError(t, err)
-		requireSameCatalog(t, upstreamCatalog(t, upstreamVersions), takeCatalog(t, r), fmt.Sprintf("at %04d", v))
-		require.NotEqual(t, before, takeBodies(t, r), "%04d must change a function body", v)
-		_, err = r.DownTo(ctx, v-1)
-		require.NoError(t, err)
-		require.Equal(t, before, takeBodies(t, r), "down from %04d restores the bodies of %04d", v, v-1)
-		_, err = r.UpTo(ctx, v)
-		require.NoError(t, err)
+	for _, m := range migrations.Fixes() {
+		t.Run(m.File, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			r := dbs.New(t, m.Version-1).Runner(t)
+			beforeCatalog, before := takeCatalog(t, r), takeBodies(t, r)
+			_, err := r.UpTo(ctx, m.Version)
+			require.NoError(t, err)
+			requireSameCatalog(t, beforeCatalog, takeCatalog(t, r), m.File)
+			var changed []string
+			for id, body := range takeBodies(t, r) {
+				if before[id] != body {
+					changed = append(changed, fingerprint.NameOf(id))
+				}
+			}
+			require.ElementsMatch(t, m.Fixes, changed, "%s changes exactly the functions its header names", m.File)
+			_, err = r.DownTo(ctx, m.Version-1)
+			require.NoError(t, err)
+			require.Equal(t, before, takeBodies(t, r), "down from %s restores the bodies", m.File)
+		})
 	}
 }

@@ -1,4 +1,5 @@
 -- 0020_fetch_lease_valid_at_return.sql
+-- Fixes: fetch_orchestration_item
 --
 -- Not an upstream migration: this pack's fix of fetch_orchestration_item.
 -- (Upstream's own version 20, 0020_add_kv_delta.sql, is a different change
@@ -63,6 +64,45 @@
 --     only unpinned instances through.
 
 -- +goose Up
+-- +goose StatementBegin
+DO $guard$
+DECLARE
+    v_raw text;
+    v_normalized text;
+    v_definition text;
+BEGIN
+    SELECT md5(p.prosrc), md5(replace(p.prosrc, n.nspname || '.', '@schema@.'))
+    INTO v_raw, v_normalized
+    FROM pg_proc p
+    JOIN pg_namespace n ON n.oid = p.pronamespace
+    WHERE n.nspname = current_schema()
+      AND p.proname = 'fetch_orchestration_item'
+      AND pg_get_function_identity_arguments(p.oid)
+          = 'p_now_ms bigint, p_lock_timeout_ms bigint, p_min_version_packed bigint, p_max_version_packed bigint';
+    IF NOT FOUND THEN
+        RAISE EXCEPTION '0020: schema % has no fetch_orchestration_item(bigint, bigint, bigint, bigint); nothing was changed', current_schema()
+            USING ERRCODE = '55000',
+                  HINT = 'This fix applies to duroxide-pg schema version 19 and later.';
+    END IF;
+
+    -- (function, fingerprint, definition, upstream behaviour, carries the fix)
+    SELECT k.definition INTO v_definition
+    FROM (VALUES
+        ('fetch_orchestration_item', '47b1420f427a8c6faea3d15593c06e41', 'upstream 19-23', 19, false),
+        ('fetch_orchestration_item', '899345d84cfc6d76afbfa8601405c873', 'pack 0019', 19, false),
+        ('fetch_orchestration_item', 'dc4411eb9261d28839d3361d9e99aef1', 'pack 0020 fix', 19, true)
+    ) AS k(function_name, fingerprint, definition, behaves_as, fixed)
+    WHERE k.fingerprint IN (v_raw, v_normalized);
+    IF NOT FOUND THEN
+        RAISE EXCEPTION '0020: fetch_orchestration_item in schema % has a definition this migration does not know (fingerprint %); nothing was changed', current_schema(), v_normalized
+            USING ERRCODE = '55000',
+                  HINT = 'It was edited by hand or comes from a duroxide-pg release newer than this pack knows. `harness doctor` shows what is installed; compare it with upstream''s before going on.';
+    END IF;
+    RAISE NOTICE '0020: fetch_orchestration_item was %; installing the fix', v_definition;
+END;
+$guard$;
+-- +goose StatementEnd
+
 -- +goose StatementBegin
 CREATE OR REPLACE FUNCTION fetch_orchestration_item(
     p_now_ms bigint,
@@ -291,6 +331,45 @@ $fn$;
 -- +goose StatementEnd
 
 -- +goose Down
+-- +goose StatementBegin
+DO $guard$
+DECLARE
+    v_raw text;
+    v_normalized text;
+    v_definition text;
+BEGIN
+    SELECT md5(p.prosrc), md5(replace(p.prosrc, n.nspname || '.', '@schema@.'))
+    INTO v_raw, v_normalized
+    FROM pg_proc p
+    JOIN pg_namespace n ON n.oid = p.pronamespace
+    WHERE n.nspname = current_schema()
+      AND p.proname = 'fetch_orchestration_item'
+      AND pg_get_function_identity_arguments(p.oid)
+          = 'p_now_ms bigint, p_lock_timeout_ms bigint, p_min_version_packed bigint, p_max_version_packed bigint';
+    IF NOT FOUND THEN
+        RAISE EXCEPTION '0020: schema % has no fetch_orchestration_item(bigint, bigint, bigint, bigint); nothing was changed', current_schema()
+            USING ERRCODE = '55000',
+                  HINT = 'This fix applies to duroxide-pg schema version 19 and later.';
+    END IF;
+
+    -- (function, fingerprint, definition, upstream behaviour, carries the fix)
+    SELECT k.definition INTO v_definition
+    FROM (VALUES
+        ('fetch_orchestration_item', '47b1420f427a8c6faea3d15593c06e41', 'upstream 19-23', 19, false),
+        ('fetch_orchestration_item', '899345d84cfc6d76afbfa8601405c873', 'pack 0019', 19, false),
+        ('fetch_orchestration_item', 'dc4411eb9261d28839d3361d9e99aef1', 'pack 0020 fix', 19, true)
+    ) AS k(function_name, fingerprint, definition, behaves_as, fixed)
+    WHERE k.fingerprint IN (v_raw, v_normalized);
+    IF NOT FOUND THEN
+        RAISE EXCEPTION '0020: fetch_orchestration_item in schema % has a definition this migration does not know (fingerprint %); nothing was changed', current_schema(), v_normalized
+            USING ERRCODE = '55000',
+                  HINT = 'It was edited by hand or comes from a duroxide-pg release newer than this pack knows. `harness doctor` shows what is installed; compare it with upstream''s before going on.';
+    END IF;
+    RAISE NOTICE '0020: fetch_orchestration_item was %; restoring version 19''s definition', v_definition;
+END;
+$guard$;
+-- +goose StatementEnd
+
 -- Restore version 19's definition, verbatim from 0019_add_kv_last_updated.sql.
 -- +goose StatementBegin
 CREATE OR REPLACE FUNCTION fetch_orchestration_item(

@@ -69,6 +69,9 @@ func (t *target) open(ctx context.Context, verbose bool) (*migrate.Runner, error
 		VersionTable: t.cfg.VersionTable,
 		Verbose:      verbose,
 	})
+	if errors.Is(err, migrate.ErrNeedsBaseline) {
+		return nil, usagef("%v", err)
+	}
 	if err != nil {
 		return nil, usagef("cannot use %s: %s; check the DSN, that the server runs and that the role may create schema %q",
 			pgtest.Redact(t.dsn), oneLine(pgErrText(err)), t.schema)

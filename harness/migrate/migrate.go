@@ -52,6 +52,12 @@ type Options struct {
 // ErrNoSuchVersion is returned for a target version the pack does not have.
 var ErrNoSuchVersion = errors.New("no such migration version")
 
+// ErrNeedsBaseline is returned by Open for a schema that duroxide-pg's own
+// runner created (it has _duroxide_migrations) and goose has never seen (no
+// version table): goose would try to create every table again. Open
+// refuses before changing anything.
+var ErrNeedsBaseline = errors.New("schema was created by duroxide-pg's own runner and is not adopted")
+
 // Open connects to dsn, creates the target schema if it does not exist and
 // prepares a goose provider over the pack's migrations.
 func Open(ctx context.Context, dsn string, opts Options) (*Runner, error) {
@@ -79,6 +85,9 @@ func Open(ctx context.Context, dsn string, opts Options) (*Runner, error) {
 	if err := db.PingContext(ctx); err != nil {
 		return nil, fmt.Errorf("connect: %w", err)
 	}
+	if err := checkAdopted(ctx, db, opts.Schema, opts.VersionTable); err != nil {
+		return nil, err
+	}
 	if _, err := db.ExecContext(ctx, "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{opts.Schema}.Sanitize()); err != nil {
 		return nil, fmt.Errorf("create schema %s: %w", opts.Schema, err)
 	}
@@ -101,6 +110,24 @@ func Open(ctx context.Context, dsn string, opts Options) (*Runner, error) {
 	}
 	ok = true
 	return &Runner{db: db, provider: provider, schema: opts.Schema}, nil
+}
+
+// checkAdopted refuses a schema that has duroxide-pg's bookkeeping table but
+// not goose's.
+func checkAdopted(ctx context.Context, db *sql.DB, schema, versionTable string) error {
+	var upstream, goose bool
+	err := db.QueryRowContext(ctx, `SELECT
+		EXISTS (SELECT 1 FROM pg_tables WHERE schemaname = $1 AND tablename = '_duroxide_migrations'),
+		EXISTS (SELECT 1 FROM pg_tables WHERE schemaname = $1 AND tablename = $2)`,
+		schema, versionTable).Scan(&upstream, &goose)
+	if err != nil {
+		return fmt.Errorf("look for the bookkeeping tables of schema %s: %w", schema, err)
+	}
+	if upstream && !goose {
+		return fmt.Errorf("%w: schema %s has duroxide-pg's _duroxide_migrations but no goose table %s; nothing was changed. Adopt it first: `harness baseline --schema %s --dry-run`, then without --dry-run",
+			ErrNeedsBaseline, schema, versionTable, schema)
+	}
+	return nil
 }
 
 // SearchPath is the search_path the migrations run under: the target schema
@@ -158,6 +185,15 @@ func (r *Runner) DownTo(ctx context.Context, version int64) ([]*goose.MigrationR
 	}
 	res, err := r.provider.DownTo(ctx, version)
 	return res, wrapErr(fmt.Sprintf("down to %d", version), err)
+}
+
+// ApplyVersion runs the Up (up = true) or the Down of one migration,
+// whatever else is applied: a state goose's linear history does not reach
+// (the tests use it to take a fix back under a later port, as duroxide-pg's
+// runner can leave a database). Not for production use.
+func (r *Runner) ApplyVersion(ctx context.Context, version int64, up bool) error {
+	_, err := r.provider.ApplyVersion(ctx, version, up)
+	return wrapErr(fmt.Sprintf("apply version %d (up=%v)", version, up), err)
 }
 
 // Status lists every migration of the pack with its state in the database.

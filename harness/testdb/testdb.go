@@ -29,6 +29,7 @@ type Pool struct {
 
 	mu        sync.Mutex
 	templates map[int64]*template
+	states    map[string]*template
 }
 
 type template struct {
@@ -43,7 +44,7 @@ func NewPool(srv *pgtest.Server, schema string) *Pool {
 	if schema == "" {
 		schema = migrate.DefaultSchema
 	}
-	return &Pool{srv: srv, schema: schema, templates: map[int64]*template{}}
+	return &Pool{srv: srv, schema: schema, templates: map[int64]*template{}, states: map[string]*template{}}
 }
 
 // Server is the server the databases live on.
@@ -128,17 +129,56 @@ func (p *Pool) clone(ctx context.Context, prefix, template string) (string, erro
 	}
 }
 
-// Create makes a fresh database at version. The caller drops it.
+// Create makes a fresh database at version, for callers that cannot fail
+// a test from where they are (a goroutine). The caller drops it.
 func (p *Pool) Create(ctx context.Context, version int64) (*Database, error) {
 	tpl, err := p.Template(ctx, version)
 	if err != nil {
 		return nil, err
 	}
-	name, err := p.clone(ctx, "harness_test_", tpl)
+	return p.cloneDatabase(ctx, tpl)
+}
+
+func (p *Pool) cloneDatabase(ctx context.Context, template string) (*Database, error) {
+	name, err := p.clone(ctx, "harness_test_", template)
 	if err != nil {
 		return nil, err
 	}
 	return &Database{Name: name, Schema: p.schema, DSN: p.srv.DSN(name), srv: p.srv}, nil
+}
+
+// NewState makes a fresh database in a start state for t (dropped like
+// New's). The state's template is built once per key: a database at pack
+// version from, handed to build.
+func (p *Pool) NewState(t testing.TB, key string, from int64, build func(ctx context.Context, db *Database) error) *Database {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	p.mu.Lock()
+	tpl, ok := p.states[key]
+	if !ok {
+		tpl = &template{}
+		p.states[key] = tpl
+	}
+	p.mu.Unlock()
+	tpl.once.Do(func() {
+		base, err := p.Template(ctx, from)
+		if err != nil {
+			tpl.err = err
+			return
+		}
+		if tpl.name, tpl.err = p.clone(ctx, "harness_state_", base); tpl.err != nil {
+			return
+		}
+		db := &Database{Name: tpl.name, Schema: p.schema, DSN: p.srv.DSN(tpl.name), srv: p.srv}
+		if err := build(ctx, db); err != nil {
+			tpl.err = fmt.Errorf("start state %s: %w", key, err)
+		}
+	})
+	if tpl.err != nil {
+		t.Fatalf("%v", tpl.err)
+	}
+	return p.adopt(t, tpl.name)
 }
 
 // New makes a fresh database at version for t. It is dropped when t passes;
@@ -147,9 +187,22 @@ func (p *Pool) New(t testing.TB, version int64) *Database {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	db, err := p.Create(ctx, version)
+	tpl, err := p.Template(ctx, version)
 	if err != nil {
 		t.Fatalf("test database at version %d: %v", version, err)
+	}
+	return p.adopt(t, tpl)
+}
+
+// adopt clones template for t: dropped when t passes; when t fails it is
+// kept and its DSN logged, for inspection.
+func (p *Pool) adopt(t testing.TB, template string) *Database {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	db, err := p.cloneDatabase(ctx, template)
+	if err != nil {
+		t.Fatalf("test database from %s: %v", template, err)
 	}
 	t.Cleanup(func() {
 		if t.Failed() {

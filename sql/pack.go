@@ -1,0 +1,256 @@
+package sql
+
+import (
+	"crypto/md5"
+	"encoding/hex"
+	"fmt"
+	"io/fs"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+)
+
+// Migration is what one file of the pack is, read from the file itself:
+// its goose version, and either the upstream duroxide-pg version it ports
+// (the row its Up records in _duroxide_migrations) or the functions it
+// fixes (its "-- Fixes:" header line). Nothing else in the project says
+// which version is what.
+type Migration struct {
+	// Version is goose's version, the file's NNNN.
+	Version int64
+	// File is the file name, NNNN_name.sql.
+	File string
+	// Upstream is the upstream version the file ports (0 for a fix).
+	Upstream int64
+	// UpstreamName is upstream's file name recorded with Upstream.
+	UpstreamName string
+	// Fixes lists the functions a fix migration redefines (nil for a port).
+	Fixes []string
+	// Up and Down are the file's two sections, as goose runs them.
+	Up, Down string
+	// Definitions are the function bodies the file can install, in file
+	// order (a fix may hold one per upstream behaviour it knows).
+	Definitions []Definition
+	// Known is the file's table of the function definitions it recognises
+	// before it replaces them (its guard), empty when it has none.
+	Known []Known
+}
+
+// Definition is one function body in a migration file.
+type Definition struct {
+	// Function is the function's name.
+	Function string
+	// Down is true for a body of the Down section.
+	Down bool
+	// Source is the body exactly as PostgreSQL stores it in pg_proc.prosrc:
+	// the text between AS $fn$ and $fn$.
+	Source string
+}
+
+// Fingerprint is the md5 of the body, as the guards and
+// reference/fingerprint.sql compute it for the pack's own texts (which never
+// name their schema).
+func (d Definition) Fingerprint() string { return Fingerprint(d.Source) }
+
+// Fingerprint is the hex md5 of a function source.
+func Fingerprint(source string) string {
+	sum := md5.Sum([]byte(source))
+	return hex.EncodeToString(sum[:])
+}
+
+// Known is one row of a guard's table of recognised definitions: a
+// function's fingerprint, what that definition is, the upstream version
+// whose behaviour it has, and whether it carries the pack's fix.
+type Known struct {
+	Function    string
+	Fingerprint string
+	Definition  string
+	BehavesAs   int64
+	Fixed       bool
+	// Down is true for a row of the Down section's guard.
+	Down bool
+}
+
+// IsPort reports whether m ports an upstream version.
+func (m Migration) IsPort() bool { return m.Upstream > 0 }
+
+var (
+	fileNameRE = regexp.MustCompile(`^(\d{4})_[a-z0-9_]+\.sql$`)
+	// The bookkeeping row a port's Up records for duroxide-pg's runner.
+	upstreamRowRE = regexp.MustCompile(`INSERT INTO _duroxide_migrations \(version, name\)\s+VALUES \((\d+), '([^']+)'\)`)
+	fixesRE       = regexp.MustCompile(`(?m)^-- Fixes: ([a-z_]+(?:, [a-z_]+)*)\s*$`)
+	// A function body: CREATE [OR REPLACE] FUNCTION name(...) ... AS $fn$ body $fn$.
+	definitionRE = regexp.MustCompile(`(?s)CREATE (?:OR REPLACE )?FUNCTION ([a-z_]+)\(.*?AS \$fn\$(.*?)\$fn\$`)
+	// A row of a guard's VALUES table of known definitions.
+	knownRE = regexp.MustCompile(`\('([a-z_]+)', '([0-9a-f]{32})', '([^']+)', (\d+), (true|false)\)`)
+)
+
+var (
+	packOnce sync.Once
+	pack     []Migration
+	packErr  error
+)
+
+// Pack reads every migration of the embedded pack, in version order. It
+// fails when a file is neither a port nor a fix, or is both.
+func Pack() ([]Migration, error) {
+	packOnce.Do(func() { pack, packErr = read(FS) })
+	return pack, packErr
+}
+
+// MustPack is Pack for callers that cannot go on without it (the embedded
+// files are checked by the tests, so it panics only on a broken build).
+func MustPack() []Migration {
+	p, err := Pack()
+	if err != nil {
+		panic(err)
+	}
+	return p
+}
+
+func read(fsys fs.FS) ([]Migration, error) {
+	entries, err := fs.ReadDir(fsys, ".")
+	if err != nil {
+		return nil, fmt.Errorf("read the pack: %w", err)
+	}
+	var out []Migration
+	for _, e := range entries {
+		m := fileNameRE.FindStringSubmatch(e.Name())
+		if m == nil {
+			continue
+		}
+		raw, err := fs.ReadFile(fsys, e.Name())
+		if err != nil {
+			return nil, fmt.Errorf("read %s: %w", e.Name(), err)
+		}
+		mig, err := parse(e.Name(), m[1], string(raw))
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, mig)
+	}
+	slices.SortFunc(out, func(a, b Migration) int { return int(a.Version - b.Version) })
+	for i := 1; i < len(out); i++ {
+		if out[i].Version == out[i-1].Version {
+			return nil, fmt.Errorf("the pack has two files of version %d: %s and %s", out[i].Version, out[i-1].File, out[i].File)
+		}
+	}
+	return out, nil
+}
+
+func parse(file, num, text string) (Migration, error) {
+	v, _ := strconv.ParseInt(num, 10, 64)
+	m := Migration{Version: v, File: file}
+	_, rest, ok := strings.Cut(text, "-- +goose Up")
+	if !ok {
+		return m, fmt.Errorf("%s: no -- +goose Up section", file)
+	}
+	m.Up, m.Down, _ = strings.Cut(rest, "-- +goose Down")
+	header, _, _ := strings.Cut(text, "-- +goose Up")
+	rows := upstreamRowRE.FindAllStringSubmatch(m.Up, -1)
+	if len(rows) > 1 {
+		return m, fmt.Errorf("%s: its Up records %d upstream versions; a port records exactly one", file, len(rows))
+	}
+	if len(rows) == 1 {
+		m.Upstream, _ = strconv.ParseInt(rows[0][1], 10, 64)
+		m.UpstreamName = rows[0][2]
+	}
+	for i, section := range []string{m.Up, m.Down} {
+		for _, d := range definitionRE.FindAllStringSubmatch(section, -1) {
+			m.Definitions = append(m.Definitions, Definition{Function: d[1], Down: i == 1, Source: d[2]})
+		}
+		for _, k := range knownRE.FindAllStringSubmatch(section, -1) {
+			behaves, _ := strconv.ParseInt(k[4], 10, 64)
+			m.Known = append(m.Known, Known{Function: k[1], Fingerprint: k[2], Definition: k[3],
+				BehavesAs: behaves, Fixed: k[5] == "true", Down: i == 1})
+		}
+	}
+	if f := fixesRE.FindStringSubmatch(header); f != nil {
+		m.Fixes = strings.Split(f[1], ", ")
+	}
+	switch {
+	case m.IsPort() && m.Fixes != nil:
+		return m, fmt.Errorf("%s: both ports upstream %d and fixes %v; one concern per migration", file, m.Upstream, m.Fixes)
+	case !m.IsPort() && m.Fixes == nil:
+		return m, fmt.Errorf("%s: neither records an upstream version in _duroxide_migrations nor names what it fixes (a '-- Fixes: function' header line)", file)
+	}
+	return m, nil
+}
+
+// Latest is the newest goose version of the pack.
+func Latest() int64 {
+	p := MustPack()
+	return p[len(p)-1].Version
+}
+
+// PortOf returns the migration that ports upstream version u.
+func PortOf(u int64) (Migration, bool) {
+	for _, m := range MustPack() {
+		if m.Upstream == u {
+			return m, true
+		}
+	}
+	return Migration{}, false
+}
+
+// ByVersion returns the migration of goose version v.
+func ByVersion(v int64) (Migration, bool) {
+	for _, m := range MustPack() {
+		if m.Version == v {
+			return m, true
+		}
+	}
+	return Migration{}, false
+}
+
+// Fixes returns the fix migrations, in version order.
+func Fixes() []Migration {
+	var out []Migration
+	for _, m := range MustPack() {
+		if !m.IsPort() {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// UpstreamAt is the newest upstream version ported at or below goose
+// version v (0 when none).
+func UpstreamAt(v int64) int64 {
+	var u int64
+	for _, m := range MustPack() {
+		if m.Version <= v && m.Upstream > u {
+			u = m.Upstream
+		}
+	}
+	return u
+}
+
+// UpstreamVersions lists every upstream version the pack ports, ascending.
+func UpstreamVersions() []int64 {
+	var out []int64
+	for _, m := range MustPack() {
+		if m.IsPort() {
+			out = append(out, m.Upstream)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// LastContiguousPort is the newest goose version v such that every
+// migration up to v is a port of upstream versions 1..v: the prefix of the
+// pack that is upstream's history with nothing of the pack's in between
+// (19 today; fixes come after it).
+func LastContiguousPort() int64 {
+	var v int64
+	for _, m := range MustPack() {
+		if !m.IsPort() || m.Upstream != m.Version {
+			break
+		}
+		v = m.Version
+	}
+	return v
+}

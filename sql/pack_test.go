@@ -1,0 +1,103 @@
+package sql_test
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+
+	migrations "github.com/duroxide-pg/migrations/sql"
+)
+
+func TestEveryFileIsAPortOrAFixAndVersionsAreContiguous(t *testing.T) {
+	p, err := migrations.Pack()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, m := range p {
+		if m.Version != int64(i+1) {
+			t.Errorf("%s: goose version %d, want %d (no gaps in the pack)", m.File, m.Version, i+1)
+		}
+		if m.IsPort() == (len(m.Fixes) > 0) {
+			t.Errorf("%s: upstream=%d fixes=%v: a file is either a port or a fix", m.File, m.Upstream, m.Fixes)
+		}
+	}
+}
+
+func TestPortsRecordIncreasingUpstreamVersionsUnderUpstreamsFileNames(t *testing.T) {
+	var last int64
+	for _, m := range migrations.MustPack() {
+		if !m.IsPort() {
+			continue
+		}
+		if m.Upstream <= last {
+			t.Errorf("%s ports upstream %d after upstream %d", m.File, m.Upstream, last)
+		}
+		last = m.Upstream
+		if !strings.HasPrefix(m.UpstreamName, fmt.Sprintf("%04d_", m.Upstream)) {
+			t.Errorf("%s records (%d, %q): upstream's file names start with the version", m.File, m.Upstream, m.UpstreamName)
+		}
+	}
+	if got := migrations.LastContiguousPort(); got != 19 {
+		t.Errorf("LastContiguousPort = %d, want 19 (the fixes follow upstream 19)", got)
+	}
+}
+
+func TestEveryFixNamesFunctionsItDefinesAndGuards(t *testing.T) {
+	for _, m := range migrations.Fixes() {
+		for _, fn := range m.Fixes {
+			var up, guard bool
+			for _, d := range m.Definitions {
+				up = up || (d.Function == fn && !d.Down)
+			}
+			for _, k := range m.Known {
+				guard = guard || k.Function == fn
+			}
+			if !up {
+				t.Errorf("%s says it fixes %s but its Up defines no %s", m.File, fn, fn)
+			}
+			if !guard {
+				t.Errorf("%s fixes %s without a guard table of the definitions it replaces", m.File, fn)
+			}
+		}
+		for _, d := range m.Definitions {
+			if !slices.Contains(m.Fixes, d.Function) {
+				t.Errorf("%s defines %s, which its Fixes header does not name", m.File, d.Function)
+			}
+		}
+	}
+}
+
+func TestUpAndDownGuardsOfAFixKnowTheSameDefinitions(t *testing.T) {
+	for _, m := range migrations.Fixes() {
+		up, down := map[migrations.Known]bool{}, map[migrations.Known]bool{}
+		for _, k := range m.Known {
+			key := k
+			key.Down = false
+			if k.Down {
+				down[key] = true
+			} else {
+				up[key] = true
+			}
+		}
+		if len(down) == 0 {
+			continue // a Down that installs one fixed text needs no table
+		}
+		for k := range up {
+			if !down[k] {
+				t.Errorf("%s: Up knows %s %s (%s), Down does not", m.File, k.Function, k.Fingerprint, k.Definition)
+			}
+		}
+		for k := range down {
+			if !up[k] {
+				t.Errorf("%s: Down knows %s %s (%s), Up does not", m.File, k.Function, k.Fingerprint, k.Definition)
+			}
+		}
+	}
+}
+
+func TestFingerprintIsTheMD5OfTheSource(t *testing.T) {
+	if got := migrations.Fingerprint(""); got != "d41d8cd98f00b204e9800998ecf8427e" {
+		t.Fatalf("Fingerprint(\"\") = %s", got)
+	}
+}
