@@ -1,8 +1,14 @@
 // Package baseline adopts a database that duroxide-pg's own runner created
 // (its bookkeeping table _duroxide_migrations, no goose version table) into
-// the pack: it checks that the schema's catalog is the one the pack builds
-// at the newest upstream version V recorded there, then records versions
-// 1..V in goose's version table, so that goose applies only V+1 onwards.
+// the pack. It reads which upstream versions the runner applied (1..21 and
+// 23 for current releases: upstream keeps 22 for later), checks that the
+// schema's catalog is upstream's at that state and that every function body
+// is a definition it knows (upstream's own text at that version, the pack's
+// equivalent, or a pack fix), then records in goose's version table the
+// pack's versions that the database already has: the leading run of ports
+// of upstream 1..19, or fewer. `migrate up` then applies the pack's fixes,
+// and re-applies its ports of upstream's later versions over the objects the
+// runner made (they are written to do so cleanly).
 package baseline
 
 import (
@@ -12,9 +18,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io/fs"
-	"path"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -23,26 +26,23 @@ import (
 	"github.com/pressly/goose/v3/database"
 
 	"github.com/duroxide-pg/migrations/harness/catalog"
+	"github.com/duroxide-pg/migrations/harness/fingerprint"
 	"github.com/duroxide-pg/migrations/harness/migrate"
 	migrations "github.com/duroxide-pg/migrations/sql"
 )
 
-// UpstreamVersions is the newest upstream duroxide-pg version the pack
-// re-creates (0001..0019); later upstream versions are not the pack's.
-const UpstreamVersions = 19
-
-// Expected holds the pack's catalog at each upstream version,
-// expected/vNNNN.json: copies of migrations_test/testdata/catalog (a test
-// fails when they drift apart).
+// Expected holds upstream's catalog at each upstream version the pack
+// ports, expected/vNNNN.json (NNNN = the upstream version): copies of
+// migrations_test/testdata/catalog (a test fails when they drift apart).
 //
 //go:embed expected/*.json
 var Expected embed.FS
 
-// ExpectedCatalog is the pack's catalog at upstream version v (1..19).
+// ExpectedCatalog is upstream's catalog at upstream version v.
 func ExpectedCatalog(v int64) (catalog.Snapshot, error) {
 	raw, err := Expected.ReadFile(fmt.Sprintf("expected/v%04d.json", v))
 	if err != nil {
-		return nil, fmt.Errorf("no expected catalog for version %d: %w", v, err)
+		return nil, fmt.Errorf("no expected catalog for upstream version %d: %w", v, err)
 	}
 	return catalog.Canonical(raw)
 }
@@ -56,8 +56,10 @@ type Options struct {
 	VersionTable string
 	// DryRun checks everything and changes nothing.
 	DryRun bool
-	// Force replaces the rows of an existing goose version table that
-	// disagrees with _duroxide_migrations.
+	// Force proceeds where Run cannot vouch for the database (a catalog or
+	// a function body it does not know, upstream versions newer than the
+	// pack, an existing goose table that disagrees), and says what it
+	// could not vouch for.
 	Force bool
 }
 
@@ -67,20 +69,29 @@ type Result struct {
 	VersionTable string // schema-qualified, quoted
 	// Upstream is the newest version in _duroxide_migrations.
 	Upstream int64
-	// Baseline is the version recorded in goose's table: Upstream, or 19
-	// when Upstream is a later upstream version the pack does not have.
+	// Recorded lists every version in _duroxide_migrations.
+	Recorded []int64
+	// State is the upstream version whose catalog and bodies were checked:
+	// the newest recorded version the pack knows.
+	State int64
+	// Baseline is the goose version recorded: every pack migration up to it
+	// is a port the database already has.
 	Baseline int64
 	// Goose is goose's newest applied version before the run (-1: no table).
 	Goose int64
 	// Changed is false when nothing was (or, dry run, would be) written.
 	Changed bool
 	DryRun  bool
+	// Unvouched lists what --force let through.
+	Unvouched []string
+	// Plan says what `migrate up` then does, one line per pack migration.
+	Plan []string
 	// Lines describe the checks and actions, for people.
 	Lines []string
 }
 
 // Refusal is a database Run will not baseline; Error says why and what to
-// do, Diff (when the catalog differs) lists the differences.
+// do, Diff lists the differences (catalog, function bodies).
 type Refusal struct {
 	Reason string
 	Diff   string
@@ -108,6 +119,23 @@ func Run(ctx context.Context, db *sql.DB, opts Options) (*Result, error) {
 	qtable := pgx.Identifier{opts.Schema, opts.VersionTable}.Sanitize()
 	res := &Result{Schema: opts.Schema, VersionTable: qtable, Goose: -1, DryRun: opts.DryRun}
 	say := func(format string, args ...any) { res.Lines = append(res.Lines, fmt.Sprintf(format, args...)) }
+	// vouch refuses what cannot be vouched for (listed in diff, if any), or
+	// with --force lets it through and records it.
+	vouch := func(reason, diff string) error {
+		if !opts.Force {
+			r := &Refusal{Reason: reason + "; nothing was changed (--force proceeds anyway)", Diff: diff}
+			if diff != "" {
+				r.Reason += ":"
+			}
+			return r
+		}
+		if diff != "" {
+			reason += ":\n" + strings.TrimRight(diff, "\n")
+		}
+		res.Unvouched = append(res.Unvouched, reason)
+		say("--force: %s", reason)
+		return nil
+	}
 
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
@@ -134,30 +162,50 @@ func Run(ctx context.Context, db *sql.DB, opts Options) (*Result, error) {
 	if len(rows) == 0 {
 		return nil, refuse("%s._duroxide_migrations is empty: duroxide-pg applied nothing here; run `harness migrate up` instead", opts.Schema)
 	}
-	versions := make([]int64, 0, len(rows))
 	for v := range rows {
-		versions = append(versions, v)
+		res.Recorded = append(res.Recorded, v)
 	}
-	slices.Sort(versions)
-	res.Upstream = versions[len(versions)-1]
-	for i, v := range versions {
-		if v != int64(i+1) {
-			return nil, refuse("%s._duroxide_migrations has versions %s, not 1..%d without gaps: repair it by hand before baselining",
-				opts.Schema, joinVersions(versions), res.Upstream)
+	slices.Sort(res.Recorded)
+	res.Upstream = res.Recorded[len(res.Recorded)-1]
+	known := migrations.UpstreamVersions()
+	var unknown []int64
+	for _, v := range res.Recorded {
+		if slices.Contains(known, v) {
+			res.State = v
+		} else {
+			unknown = append(unknown, v)
 		}
 	}
-	names, err := packNames()
-	if err != nil {
-		return nil, err
+	if res.State == 0 {
+		return nil, refuse("%s._duroxide_migrations records versions %s, none of which the pack knows", opts.Schema, joinVersions(res.Recorded))
 	}
-	for v := int64(1); v <= min(res.Upstream, UpstreamVersions); v++ {
-		if rows[v] != names[v] {
-			return nil, refuse("%s._duroxide_migrations version %d is %q, the pack's is %q: not duroxide-pg's migration history",
-				opts.Schema, v, rows[v], names[v])
+	var missing []int64
+	for _, v := range known {
+		if v <= res.State && rows[v] == "" {
+			missing = append(missing, v)
 		}
 	}
-	res.Baseline = min(res.Upstream, UpstreamVersions)
-	say("_duroxide_migrations: duroxide-pg applied versions 1..%d", res.Upstream)
+	if len(missing) > 0 {
+		return nil, refuse("%s._duroxide_migrations records versions %s but not %s, which duroxide-pg applies in order: repair it by hand before baselining",
+			opts.Schema, joinVersions(res.Recorded), joinVersions(missing))
+	}
+	for _, v := range known {
+		if v > res.State {
+			break
+		}
+		if port, _ := migrations.PortOf(v); rows[v] != port.UpstreamName {
+			return nil, refuse("%s._duroxide_migrations version %d is %q, upstream's is %q: not duroxide-pg's migration history",
+				opts.Schema, v, rows[v], port.UpstreamName)
+		}
+	}
+	say("_duroxide_migrations: duroxide-pg applied upstream versions %s", describeVersions(res.Recorded, known))
+	if len(unknown) > 0 {
+		if err := vouch(fmt.Sprintf("_duroxide_migrations records upstream version(s) %s, which this pack does not know (a newer duroxide-pg?); checking the database as upstream %d",
+			joinVersions(unknown), res.State), ""); err != nil {
+			return nil, err
+		}
+	}
+	res.Baseline = baselineFor(res.State)
 
 	// 2. goose's table, if any.
 	gooseVersions, err := gooseApplied(ctx, tx, opts.Schema, opts.VersionTable)
@@ -176,20 +224,20 @@ func Run(ctx context.Context, db *sql.DB, opts Options) (*Result, error) {
 			return res, nil
 		case len(gooseVersions) == 0:
 			say("%s exists but records no migration: filling it", qtable)
-		case !opts.Force:
-			return nil, refuse("%s already exists and records versions %s, which disagree with _duroxide_migrations (1..%d): check how this database was migrated; --force replaces goose's rows with 1..%d",
-				qtable, joinVersions(gooseVersions), res.Upstream, res.Baseline)
 		default:
+			if err := vouch(fmt.Sprintf("%s already exists and records versions %s, which disagree with _duroxide_migrations: check how this database was migrated; replacing goose's rows with 1..%d",
+				qtable, joinVersions(gooseVersions), res.Baseline), ""); err != nil {
+				return nil, err
+			}
 			replace = true
-			say("--force: replacing the rows of %s (versions %s) with 1..%d", qtable, joinVersions(gooseVersions), res.Baseline)
 			if res.Goose > res.Baseline {
 				say("warning: goose recorded versions above %d; `harness migrate up` will apply them again", res.Baseline)
 			}
 		}
 	}
 
-	// 3. The catalog must be the pack's at Baseline.
-	want, err := ExpectedCatalog(res.Baseline)
+	// 3. The catalog must be upstream's at State.
+	want, err := ExpectedCatalog(res.State)
 	if err != nil {
 		return nil, err
 	}
@@ -200,31 +248,31 @@ func Run(ctx context.Context, db *sql.DB, opts Options) (*Result, error) {
 	if got, err = withoutTable(got, opts.VersionTable); err != nil {
 		return nil, err
 	}
-	diff := catalog.Diff(want, got)
-	if res.Upstream > UpstreamVersions {
-		// Later upstream versions may add objects; everything of 19 must
-		// be there unchanged.
-		diff = dropExtras(diff)
-	}
-	if diff != "" {
-		what := fmt.Sprintf("the pack's catalog at version %d", res.Baseline)
-		if res.Upstream > UpstreamVersions {
-			what = fmt.Sprintf("every object of the pack's catalog at version %d (objects added by upstream's later versions are allowed)", res.Baseline)
+	if diff := catalog.Diff(want, got); diff != "" {
+		if err := vouch(fmt.Sprintf("schema %s does not match upstream's catalog at version %d. Differences (- missing, + extra, ~ differs; want = upstream, got = this database)",
+			opts.Schema, res.State), diff); err != nil {
+			return nil, err
 		}
-		return nil, &Refusal{
-			Reason: fmt.Sprintf("schema %s does not match %s; nothing was changed. Differences (- missing, + extra, ~ differs; want = the pack, got = this database):",
-				opts.Schema, what),
-			Diff: diff,
-		}
-	}
-	if res.Upstream > UpstreamVersions {
-		say("catalog: every object of version %d is present and unchanged; versions %d..%d are upstream's later migrations, which the pack does not have: baselining at %d",
-			UpstreamVersions, UpstreamVersions+1, res.Upstream, res.Baseline)
 	} else {
-		say("catalog: matches the pack at version %d", res.Baseline)
+		say("catalog: matches upstream's at version %d", res.State)
 	}
 
-	// 4. Record 1..Baseline.
+	// 4. Every function body must be one the pack knows at State.
+	funcs, err := fingerprint.Take(ctx, tx, opts.Schema)
+	if err != nil {
+		return nil, err
+	}
+	if diff := unknownBodies(funcs, res.State); diff != "" {
+		if err := vouch(fmt.Sprintf("schema %s has function bodies that are neither upstream's at version %d nor the pack's (edited by hand, or from a newer duroxide-pg; the pack's fixes refuse to replace a definition they do not know)",
+			opts.Schema, res.State), diff); err != nil {
+			return nil, err
+		}
+	} else {
+		say("function bodies: all %d are upstream's or the pack's at version %d", len(funcs), res.State)
+	}
+
+	// 5. Record 1..Baseline, and say what `migrate up` will do.
+	res.Plan = plan(res.Baseline, res.State, funcs)
 	res.Changed = true
 	verb := ""
 	if opts.DryRun {
@@ -262,6 +310,95 @@ func Run(ctx context.Context, db *sql.DB, opts Options) (*Result, error) {
 		return nil, fmt.Errorf("commit: %w", err)
 	}
 	return res, nil
+}
+
+// baselineFor is the goose version a database at upstream state has: the
+// newest pack version such that every pack migration up to it is a port of
+// an upstream version the database has. The pack's fixes come right after
+// its port of 19, so from 19 on that is 19: the fixes are then applied, and
+// the ports of later versions re-applied over the runner's objects.
+func baselineFor(state int64) int64 {
+	var b int64
+	for _, m := range migrations.MustPack() {
+		if !m.IsPort() || m.Upstream > state {
+			break
+		}
+		b = m.Version
+	}
+	return b
+}
+
+// unknownBodies lists, one line each, the functions whose body is not a
+// definition the pack knows at upstream state.
+func unknownBodies(funcs map[string]fingerprint.Function, state int64) string {
+	var b strings.Builder
+	ids := make([]string, 0, len(funcs))
+	for id := range funcs {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	for _, id := range ids {
+		f := funcs[id]
+		if fingerprint.Allowed(f, state) {
+			continue
+		}
+		what := "a definition nobody knows"
+		if d, ok := fingerprint.Identify(f); ok {
+			what = d.Label + ", not a definition of version " + strconv.FormatInt(state, 10)
+		}
+		fmt.Fprintf(&b, "~ body     function %s: fingerprint %s is %s\n", id, f.Normalized, what)
+	}
+	return b.String()
+}
+
+// plan describes what `migrate up` does after baselining at from, on a
+// database at upstream state.
+func plan(from, state int64, funcs map[string]fingerprint.Function) []string {
+	var out []string
+	for _, m := range migrations.MustPack() {
+		if m.Version <= from {
+			continue
+		}
+		switch {
+		case !m.IsPort():
+			var installed []string
+			for _, name := range m.Fixes {
+				for _, f := range funcs {
+					if f.Name != name {
+						continue
+					}
+					d, ok := fingerprint.Identify(f)
+					if !ok {
+						d.Label = "unknown: the migration will refuse it"
+					}
+					installed = append(installed, fmt.Sprintf("%s (now %s)", name, d.Label))
+				}
+			}
+			out = append(out, fmt.Sprintf("%s: fixes %s", m.File, strings.Join(installed, ", ")))
+		case m.Upstream <= state:
+			out = append(out, fmt.Sprintf("%s: re-applies upstream %d over the objects duroxide-pg's runner made (their rows are kept)", m.File, m.Upstream))
+		default:
+			out = append(out, fmt.Sprintf("%s: applies upstream %d", m.File, m.Upstream))
+		}
+	}
+	return out
+}
+
+// describeVersions prints recorded versions, naming the gaps that are
+// upstream's normal state (versions the pack knows upstream never used).
+func describeVersions(recorded, known []int64) string {
+	s := joinVersions(recorded)
+	var gaps []int64
+	top := recorded[len(recorded)-1]
+	for v := int64(1); v < top; v++ {
+		if !slices.Contains(recorded, v) && !slices.Contains(known, v) {
+			gaps = append(gaps, v)
+		}
+	}
+	if len(gaps) > 0 {
+		s += fmt.Sprintf(" (no %s: upstream has not released it, as expected)", joinVersions(gaps))
+	}
+	return s
 }
 
 func upstreamRows(ctx context.Context, tx *sql.Tx, schema string) (map[int64]string, error) {
@@ -311,24 +448,6 @@ func gooseApplied(ctx context.Context, tx *sql.Tx, schema, table string) ([]int6
 	return out, rs.Err()
 }
 
-var fileName = regexp.MustCompile(`^(\d{4})_.*\.sql$`)
-
-// packNames maps each version of the pack to its file name.
-func packNames() (map[int64]string, error) {
-	entries, err := fs.ReadDir(migrations.FS, ".")
-	if err != nil {
-		return nil, err
-	}
-	out := map[int64]string{}
-	for _, e := range entries {
-		if m := fileName.FindStringSubmatch(e.Name()); m != nil {
-			v, _ := strconv.ParseInt(m[1], 10, 64)
-			out[v] = path.Base(e.Name())
-		}
-	}
-	return out, nil
-}
-
 func contiguousFrom1(vs []int64) bool {
 	for i, v := range vs {
 		if v != int64(i+1) {
@@ -350,17 +469,6 @@ func joinVersions(vs []int64) string {
 		s = append(s[:5], append([]string{"…"}, s[len(s)-5:]...)...)
 	}
 	return strings.Join(s, ",")
-}
-
-// dropExtras keeps the lines of a catalog diff that are not "+ extra".
-func dropExtras(diff string) string {
-	var b strings.Builder
-	for line := range strings.SplitSeq(diff, "\n") {
-		if line != "" && !strings.HasPrefix(line, "+ extra") {
-			b.WriteString(line + "\n")
-		}
-	}
-	return b.String()
 }
 
 // withoutTable removes goose's version table (and its identity sequence)

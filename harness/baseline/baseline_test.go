@@ -9,9 +9,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"sync"
+	"strings"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/stdlib"
@@ -22,12 +21,10 @@ import (
 	"github.com/duroxide-pg/migrations/harness/migrate"
 	"github.com/duroxide-pg/migrations/harness/pgtest"
 	"github.com/duroxide-pg/migrations/harness/testdb"
+	migrations "github.com/duroxide-pg/migrations/sql"
 )
 
-var (
-	srv *pgtest.Server
-	dbs *testdb.Pool
-)
+var dbs *testdb.Pool
 
 func TestMain(m *testing.M) {
 	// The tests wait on the database, not the CPU: run more of them at once
@@ -39,81 +36,16 @@ func TestMain(m *testing.M) {
 		_ = flag.Set("test.parallel", "8")
 	}
 	os.Exit(testdb.RunTests(m, func(s *pgtest.Server) {
-		srv = s
 		dbs = testdb.NewPool(s, "duroxide")
 	}))
 }
 
-// chain holds one template database per version 1..19, made by migrating
-// one database a step at a time and cloning it after each step (much faster
-// than migrating 19 templates from scratch).
-var chain struct {
-	once  sync.Once
-	names map[int64]string
-	err   error
-}
-
-func buildChain(ctx context.Context) (map[int64]string, error) {
-	base, err := srv.CreateDatabase(ctx, "baseline_chain_", "")
-	if err != nil {
-		return nil, err
-	}
-	names := map[int64]string{0: base}
-	for v := int64(1); v <= baseline.UpstreamVersions; v++ {
-		r, err := migrate.Open(ctx, srv.DSN(base), migrate.Options{Schema: dbs.Schema()})
-		if err != nil {
-			return nil, err
-		}
-		_, err = r.UpTo(ctx, v)
-		_ = r.Close()
-		if err != nil {
-			return nil, err
-		}
-		if names[v], err = cloneRetrying(ctx, fmt.Sprintf("baseline_tmpl_v%d_", v), base); err != nil {
-			return nil, err
-		}
-	}
-	return names, nil
-}
-
-func cloneRetrying(ctx context.Context, prefix, template string) (string, error) {
-	for attempt := 0; ; attempt++ {
-		// 55006: the template is briefly still in use.
-		name, err := srv.CreateDatabase(ctx, prefix, template)
-		if err == nil || attempt == 30 {
-			return name, err
-		}
-		time.Sleep(time.Duration(10*(attempt+1)) * time.Millisecond)
-	}
-}
-
-// newDB is a fresh database at version v (0..19), dropped when t passes.
-func newDB(t *testing.T, v int64) *testdb.Database {
-	t.Helper()
-	ctx := context.Background()
-	chain.once.Do(func() { chain.names, chain.err = buildChain(ctx) })
-	require.NoError(t, chain.err)
-	if v == 0 {
-		return dbs.New(t, 0)
-	}
-	name, err := cloneRetrying(ctx, "baseline_test_", chain.names[v])
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		if !t.Failed() {
-			_ = srv.DropDatabase(context.Background(), name)
-		}
-	})
-	return &testdb.Database{Name: name, Schema: dbs.Schema(), DSN: srv.DSN(name)}
-}
-
-// upstreamBuilt is a database at version v built by the pack, then stripped
-// of goose's table: what duroxide-pg's own runner leaves behind.
+// upstreamBuilt is a database shaped like one duroxide-pg's own runner left
+// at upstream version v (no goose table), and a pool on it.
 func upstreamBuilt(t *testing.T, v int64) (*testdb.Database, *sql.DB) {
 	t.Helper()
-	d := newDB(t, v)
-	db := openDB(t, d)
-	exec(t, db, "DROP TABLE "+d.Qualify(migrate.VersionTable))
-	return d, db
+	d := dbs.UpstreamShaped(t, v)
+	return d, openDB(t, d)
 }
 
 func openDB(t *testing.T, d *testdb.Database) *sql.DB {
@@ -141,19 +73,22 @@ func gooseVersion(t *testing.T, d *testdb.Database) int64 {
 
 // The embedded expected catalogs are the test data's, byte for byte.
 func TestExpectedCatalogsAreTheTestData(t *testing.T) {
-	for v := int64(1); v <= baseline.UpstreamVersions; v++ {
+	for _, v := range migrations.UpstreamVersions() {
 		name := fmt.Sprintf("v%04d.json", v)
+		if v > 19 {
+			name = "upstream-later-" + name
+		}
 		want, err := os.ReadFile(filepath.Join("..", "..", "migrations_test", "testdata", "catalog", name))
 		require.NoError(t, err)
-		got, err := baseline.Expected.ReadFile("expected/" + name)
+		got, err := baseline.Expected.ReadFile(fmt.Sprintf("expected/v%04d.json", v))
 		require.NoError(t, err)
 		require.True(t, bytes.Equal(want, got),
-			"harness/baseline/expected/%s differs from migrations_test/testdata/catalog/%s: copy it over", name, name)
+			"harness/baseline/expected/v%04d.json differs from migrations_test/testdata/catalog/%s: copy it over", v, name)
 	}
 }
 
 func TestBaselineAtEveryUpstreamVersionThenUp(t *testing.T) {
-	for v := int64(1); v <= baseline.UpstreamVersions; v++ {
+	for _, v := range migrations.UpstreamVersions() {
 		t.Run(fmt.Sprintf("v%02d", v), func(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
@@ -162,8 +97,11 @@ func TestBaselineAtEveryUpstreamVersionThenUp(t *testing.T) {
 			require.NoError(t, err)
 			require.True(t, res.Changed)
 			require.Equal(t, v, res.Upstream)
-			require.Equal(t, v, res.Baseline)
-			require.Equal(t, v, gooseVersion(t, d))
+			require.Equal(t, v, res.State)
+			want := min(v, migrations.LastContiguousPort())
+			require.Equal(t, want, res.Baseline, "goose records the pack's versions the database already has")
+			require.Equal(t, want, gooseVersion(t, d))
+			require.Empty(t, res.Unvouched)
 
 			// Idempotent: a second run changes nothing.
 			res, err = baseline.Run(ctx, db, baseline.Options{Schema: d.Schema})
@@ -173,7 +111,7 @@ func TestBaselineAtEveryUpstreamVersionThenUp(t *testing.T) {
 			r := d.Runner(t)
 			applied, err := r.Up(ctx)
 			require.NoError(t, err)
-			require.Len(t, applied, int(r.Latest()-v), "up applies exactly %d..%d", v+1, r.Latest())
+			require.Len(t, applied, int(r.Latest()-want), "up applies exactly %d..%d", want+1, r.Latest())
 			require.Equal(t, r.Latest(), gooseVersion(t, d))
 
 			// And after up, baseline still has nothing to do.
@@ -182,6 +120,92 @@ func TestBaselineAtEveryUpstreamVersionThenUp(t *testing.T) {
 			require.False(t, res.Changed)
 		})
 	}
+}
+
+// A database the real duroxide-pg provider made (upstream's own runner and
+// texts, 1..21 and 23) is adopted at 19, and the plan says what up does.
+func TestBaselineAdoptsWhatTheRealProviderMade(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	d := dbs.RealProvider(t)
+	db := openDB(t, d)
+	res, err := baseline.Run(ctx, db, baseline.Options{Schema: d.Schema, DryRun: true})
+	require.NoError(t, err)
+	require.Equal(t, []int64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 23}, res.Recorded)
+	require.Equal(t, int64(23), res.State)
+	require.Equal(t, migrations.LastContiguousPort(), res.Baseline)
+	lines := strings.Join(res.Lines, "\n")
+	require.Contains(t, lines, "(no 22: upstream has not released it, as expected)")
+	require.Contains(t, lines, "function bodies: all 36 are upstream's or the pack's at version 23")
+	plan := strings.Join(res.Plan, "\n")
+	require.Contains(t, plan, "0020_fetch_lease_valid_at_return.sql: fixes fetch_orchestration_item (now upstream 19-23)")
+	require.Contains(t, plan, "0021_ack_locks_its_lease.sql: fixes ack_orchestration_item (now upstream 20-23)")
+	require.Contains(t, plan, "0022_add_kv_delta.sql: re-applies upstream 20 over the objects duroxide-pg's runner made")
+	requireNoGooseTable(t, d, db)
+
+	res, err = baseline.Run(ctx, db, baseline.Options{Schema: d.Schema})
+	require.NoError(t, err)
+	require.True(t, res.Changed)
+	require.Equal(t, migrations.LastContiguousPort(), gooseVersion(t, d))
+}
+
+// A body that is neither upstream's nor the pack's is refused, with a diff
+// naming the function; --force proceeds and says so, and the fix migration
+// then still refuses to replace a definition it does not know.
+func TestBaselineRefusesAHandEditedBodyUnlessForced(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	d := dbs.RealProvider(t)
+	db := openDB(t, d)
+	exec(t, db, `CREATE OR REPLACE FUNCTION get_parent_id(p_instance_id text) RETURNS text LANGUAGE plpgsql
+		AS $$ BEGIN RETURN NULL; /* hand edit */ END $$`)
+	editFetch(t, db)
+
+	_, err := baseline.Run(ctx, db, baseline.Options{Schema: d.Schema})
+	var ref *baseline.Refusal
+	require.ErrorAs(t, err, &ref)
+	require.Contains(t, ref.Reason, "neither upstream's at version 23 nor the pack's")
+	require.Contains(t, ref.Diff, "function get_parent_id(p_instance_id text)")
+	require.Contains(t, ref.Diff, "function fetch_orchestration_item(p_now_ms bigint")
+	require.NotContains(t, ref.Diff, "ack_orchestration_item")
+	requireNoGooseTable(t, d, db)
+
+	res, err := baseline.Run(ctx, db, baseline.Options{Schema: d.Schema, Force: true})
+	require.NoError(t, err)
+	require.Len(t, res.Unvouched, 1)
+	require.Contains(t, res.Unvouched[0], "get_parent_id")
+	_, err = d.Runner(t).Up(ctx)
+	require.ErrorContains(t, err, "0020: fetch_orchestration_item in schema duroxide has a definition this migration does not know")
+	require.Equal(t, migrations.LastContiguousPort(), gooseVersion(t, d), "the refused fix changed nothing")
+}
+
+// editFetch replaces fetch_orchestration_item's body by a hand-edited one
+// with the same signature.
+func editFetch(t *testing.T, db *sql.DB) {
+	t.Helper()
+	var def string
+	require.NoError(t, db.QueryRowContext(context.Background(),
+		`SELECT pg_get_functiondef('fetch_orchestration_item(bigint,bigint,bigint,bigint)'::regprocedure)`).Scan(&def))
+	edited := strings.Replace(def, "BEGIN", "BEGIN\n    -- hand edit", 1)
+	require.NotEqual(t, def, edited)
+	exec(t, db, edited)
+}
+
+// Upstream versions the pack does not know (a newer duroxide-pg) are
+// refused; --force adopts the known state and lists them.
+func TestBaselineRefusesANewerUpstreamUnlessForced(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	d := dbs.RealProvider(t)
+	db := openDB(t, d)
+	exec(t, db, "INSERT INTO _duroxide_migrations (version, name) VALUES (24, '0024_something_new.sql')")
+	_, err := baseline.Run(ctx, db, baseline.Options{Schema: d.Schema})
+	require.ErrorContains(t, err, "records upstream version(s) 24, which this pack does not know")
+	requireNoGooseTable(t, d, db)
+	res, err := baseline.Run(ctx, db, baseline.Options{Schema: d.Schema, Force: true})
+	require.NoError(t, err)
+	require.Equal(t, int64(23), res.State)
+	require.Len(t, res.Unvouched, 1)
 }
 
 func TestRefusesATamperedCatalogWithTheDiff(t *testing.T) {
@@ -196,7 +220,7 @@ func TestRefusesATamperedCatalogWithTheDiff(t *testing.T) {
 	require.ErrorAs(t, err, &ref)
 	require.Contains(t, ref.Diff, "- missing")
 	require.Contains(t, ref.Diff, "index "+idx)
-	require.Contains(t, err.Error(), "does not match the pack's catalog at version 19")
+	require.Contains(t, err.Error(), "does not match upstream's catalog at version 19")
 	requireNoGooseTable(t, d, db)
 }
 
@@ -211,7 +235,7 @@ func requireNoGooseTable(t *testing.T, d *testdb.Database, db *sql.DB) {
 func TestRefusesAnExistingGooseTableUnlessForced(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	d := newDB(t, 19)
+	d := dbs.New(t, 19)
 	db := openDB(t, d)
 	// goose says 3, duroxide-pg says 19: someone migrated by other means.
 	exec(t, db, "DELETE FROM "+d.Qualify(migrate.VersionTable)+" WHERE version_id > 3")
@@ -247,57 +271,23 @@ func TestDryRunChangesNothing(t *testing.T) {
 	require.Empty(t, catalog.Diff(before, after))
 }
 
-// upstreamLater adds what upstream's own versions 20 and 21 add (see
-// /work/shared/reference/duroxide-pg-catalog/upstream-later-v002*.json),
-// and records them in _duroxide_migrations.
-func upstreamLater(t *testing.T, db *sql.DB) {
-	t.Helper()
-	exec(t, db, `CREATE TABLE kv_delta (instance_id text NOT NULL, key text NOT NULL, value text,
-		last_updated_at_ms bigint NOT NULL, PRIMARY KEY (instance_id, key))`)
-	for _, f := range []string{
-		`get_kv_all_values(p_instance text) RETURNS TABLE(out_key text, out_value text)`,
-		`get_kv_value(p_instance text, p_key text) RETURNS TABLE(out_value text, out_found boolean)`,
-		`get_instance_stats(p_instance text) RETURNS TABLE(out_found boolean, out_history_event_count bigint,
-			out_history_size_bytes bigint, out_queue_pending_count bigint, out_kv_user_key_count bigint, out_kv_total_value_bytes bigint)`,
-	} {
-		exec(t, db, "CREATE FUNCTION "+f+" LANGUAGE plpgsql AS $$ BEGIN RETURN; END $$")
-	}
-	exec(t, db, `INSERT INTO _duroxide_migrations (version, name) VALUES (20, '0020_add_kv_delta.sql'), (21, '0021_add_instance_stats.sql')`)
-}
-
-func TestLaterUpstreamVersionsBaselineAt19(t *testing.T) {
+func TestLaterUpstreamVersionsNeedUpstreamsCatalog(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	d, db := upstreamBuilt(t, 19)
-	upstreamLater(t, db)
-	res, err := baseline.Run(ctx, db, baseline.Options{Schema: d.Schema})
-	require.NoError(t, err)
-	require.Equal(t, int64(21), res.Upstream)
-	require.Equal(t, int64(19), res.Baseline)
-	require.Contains(t, fmt.Sprint(res.Lines), "baselining at 19")
-	require.Equal(t, int64(19), gooseVersion(t, d))
-	_, err = d.Runner(t).Up(ctx)
-	require.NoError(t, err)
-	require.Equal(t, migrate.PackLatest(), gooseVersion(t, d))
-}
-
-func TestLaterUpstreamVersionsStillNeedEveryObjectOf19(t *testing.T) {
-	t.Parallel()
-	d, db := upstreamBuilt(t, 19)
-	upstreamLater(t, db)
+	d, db := upstreamBuilt(t, 21)
 	exec(t, db, "ALTER TABLE orchestrator_queue ALTER COLUMN attempt_count DROP NOT NULL")
+	exec(t, db, "DROP TABLE kv_delta CASCADE")
 	_, err := baseline.Run(context.Background(), db, baseline.Options{Schema: d.Schema})
 	var ref *baseline.Refusal
 	require.ErrorAs(t, err, &ref)
 	require.Contains(t, ref.Diff, "~ differs  table orchestrator_queue column attempt_count not_null")
-	require.NotContains(t, ref.Diff, "kv_delta", "objects of later versions are allowed")
+	require.Contains(t, ref.Diff, "- missing  table kv_delta")
 	requireNoGooseTable(t, d, db)
 }
 
 func TestRefusesWhatDuroxidePgDidNotCreate(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	d := newDB(t, 0)
+	d := dbs.New(t, 0)
 	db := openDB(t, d)
 	_, err := baseline.Run(ctx, db, baseline.Options{Schema: d.Schema})
 	require.ErrorContains(t, err, "no _duroxide_migrations table")
@@ -305,7 +295,7 @@ func TestRefusesWhatDuroxidePgDidNotCreate(t *testing.T) {
 	d2, db2 := upstreamBuilt(t, 5)
 	exec(t, db2, "DELETE FROM _duroxide_migrations WHERE version = 3")
 	_, err = baseline.Run(ctx, db2, baseline.Options{Schema: d2.Schema})
-	require.ErrorContains(t, err, "not 1..5 without gaps")
+	require.ErrorContains(t, err, "but not 3, which duroxide-pg applies in order")
 	require.True(t, baseline.IsRefusal(err))
 	require.False(t, errors.Is(err, context.Canceled))
 }

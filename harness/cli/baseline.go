@@ -21,7 +21,7 @@ func runBaseline(ctx context.Context, env *Env, args []string) error {
 	var t target
 	t.register(fs)
 	dryRun := fs.Bool("dry-run", false, "check and print what would be done; change nothing")
-	force := fs.Bool("force", false, "replace the rows of an existing goose version table that disagrees with _duroxide_migrations")
+	force := fs.Bool("force", false, "proceed past what baseline cannot vouch for (unknown function bodies, newer upstream rows, a disagreeing goose table) and list it")
 	pos, err := parse(fs, args)
 	if err != nil {
 		return err
@@ -55,12 +55,23 @@ func runBaseline(ctx context.Context, env *Env, args []string) error {
 	for _, l := range res.Lines {
 		fmt.Fprintln(env.Stdout, "  "+l)
 	}
+	if len(res.Unvouched) > 0 {
+		fmt.Fprintln(env.Stdout, "--force: proceeded without vouching for:")
+		for _, u := range res.Unvouched {
+			fmt.Fprintln(env.Stdout, "  "+u)
+		}
+	}
+	if len(res.Plan) > 0 {
+		fmt.Fprintf(env.Stdout, "then `harness migrate up --schema %s` would:\n", res.Schema)
+		for _, p := range res.Plan {
+			fmt.Fprintln(env.Stdout, "  "+p)
+		}
+	}
 	switch {
 	case res.DryRun && res.Changed:
-		fmt.Fprintf(env.Stdout, "run again without --dry-run to record versions 1..%d\n", res.Baseline)
+		fmt.Fprintf(env.Stdout, "run again without --dry-run to record goose versions 1..%d\n", res.Baseline)
 	case res.Changed:
-		fmt.Fprintf(env.Stdout, "baselined at version %d; next: `harness migrate up --schema %s` applies %d..\n",
-			res.Baseline, res.Schema, res.Baseline+1)
+		fmt.Fprintf(env.Stdout, "baselined at goose version %d (upstream %d)\n", res.Baseline, res.State)
 	}
 	return nil
 }
