@@ -355,11 +355,14 @@ func unknownBodies(funcs map[string]fingerprint.Function, state int64) string {
 // database at upstream state.
 func plan(from, state int64, funcs map[string]fingerprint.Function) []string {
 	var out []string
+	changed := false // a port before this fix applies a newer upstream version
 	for _, m := range migrations.MustPack() {
 		if m.Version <= from {
 			continue
 		}
 		switch {
+		case !m.IsPort() && changed:
+			out = append(out, fmt.Sprintf("%s: fixes %s, as the ports before it leave it", m.File, strings.Join(m.Fixes, ", ")))
 		case !m.IsPort():
 			var installed []string
 			for _, name := range m.Fixes {
@@ -378,6 +381,7 @@ func plan(from, state int64, funcs map[string]fingerprint.Function) []string {
 		case m.Upstream <= state:
 			out = append(out, fmt.Sprintf("%s: re-applies upstream %d over the objects duroxide-pg's runner made (their rows are kept)", m.File, m.Upstream))
 		default:
+			changed = true
 			out = append(out, fmt.Sprintf("%s: applies upstream %d", m.File, m.Upstream))
 		}
 	}

@@ -52,7 +52,7 @@ func TestBaselineCommand(t *testing.T) {
 
 	code, out, errOut = runCmd(t, runBaseline, base...)
 	require.Equal(t, ExitOK, code, errOut)
-	require.Contains(t, out, "baselined at version 17")
+	require.Contains(t, out, "baselined at goose version 17")
 
 	code, out, _ = runCmd(t, runBaseline, base...)
 	require.Equal(t, ExitOK, code)

@@ -49,7 +49,7 @@ func runDoctor(ctx context.Context, env *Env, args []string) error {
 		if err != nil {
 			return failure{msg: "doctor: reset attempts: " + pgErrText(err)}
 		}
-		fp, _ := doctor.Fingerprint(ctx, db, t.schema)
+		fns, _ := doctor.Functions(ctx, db, t.schema)
 		if *asJSON {
 			enc := json.NewEncoder(env.Stdout)
 			enc.SetIndent("", "  ")
@@ -73,8 +73,8 @@ func runDoctor(ctx context.Context, env *Env, args []string) error {
 		} else {
 			fmt.Fprintf(env.Stdout, "dry run: would reset attempt_count to 0 on %d message(s); nothing changed; add --apply to do it\n", n)
 		}
-		if fp != doctor.FingerprintV20 {
-			fmt.Fprintln(env.Stdout, "note: fetch_orchestration_item is not the fixed one (0020) here: reset messages can be trapped again; run `harness doctor` for details")
+		if !doctor.AllFixed(fns) {
+			fmt.Fprintln(env.Stdout, "note: not every function the pack fixes has its fix here: reset messages can be trapped again; run `harness doctor` for details")
 		}
 		return nil
 	}

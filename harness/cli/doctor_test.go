@@ -6,16 +6,18 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	migrations "github.com/duroxide-pg/migrations/sql"
 )
 
 func TestDoctorExitCodes(t *testing.T) {
 	t.Parallel()
-	d20 := dbs.New(t, 20)
-	code, out, errOut := runCmd(t, runDoctor, "--dsn", d20.DSN, "--schema", d20.Schema)
+	latest := dbs.New(t, migrations.Latest())
+	code, out, errOut := runCmd(t, runDoctor, "--dsn", latest.DSN, "--schema", latest.Schema)
 	require.Equal(t, ExitOK, code, out+errOut)
 	require.Contains(t, out, "schema duroxide: OK")
 
-	code, out, _ = runCmd(t, runDoctor, "--dsn", d20.DSN, "--schema", d20.Schema, "--json")
+	code, out, _ = runCmd(t, runDoctor, "--dsn", latest.DSN, "--schema", latest.Schema, "--json")
 	require.Equal(t, ExitOK, code)
 	var rep map[string]any
 	require.NoError(t, json.Unmarshal([]byte(out), &rep))
@@ -27,12 +29,12 @@ func TestDoctorExitCodes(t *testing.T) {
 	require.Contains(t, out, "WARNING")
 	require.Contains(t, errOut, "fetch_orchestration_item")
 
-	sqlExec(t, d20, "CREATE OR REPLACE FUNCTION "+d20.Qualify("fetch_orchestration_item")+
+	sqlExec(t, latest, "CREATE OR REPLACE FUNCTION "+latest.Qualify("fetch_orchestration_item")+
 		`(p_now_ms bigint, p_lock_timeout_ms bigint, p_min_version_packed bigint DEFAULT NULL, p_max_version_packed bigint DEFAULT NULL)
 		RETURNS TABLE(out_instance_id text, out_orchestration_name text, out_orchestration_version text, out_execution_id bigint,
 		out_history jsonb, out_messages jsonb, out_lock_token text, out_attempt_count integer, out_kv_snapshot jsonb)
 		LANGUAGE plpgsql AS $$ BEGIN RETURN; END $$`)
-	code, out, errOut = runCmd(t, runDoctor, "--dsn", d20.DSN, "--schema", d20.Schema)
+	code, out, errOut = runCmd(t, runDoctor, "--dsn", latest.DSN, "--schema", latest.Schema)
 	require.Equal(t, 2, code)
 	require.Contains(t, out, "CRITICAL")
 	require.Contains(t, errOut, "critical")
@@ -40,7 +42,7 @@ func TestDoctorExitCodes(t *testing.T) {
 
 func TestDoctorResetAttempts(t *testing.T) {
 	t.Parallel()
-	d := dbs.New(t, 20)
+	d := dbs.New(t, migrations.Latest())
 	q := d.Qualify("orchestrator_queue")
 	sqlExec(t, d, "INSERT INTO "+q+" (instance_id, work_item, visible_at, created_at, attempt_count) VALUES ('a', '{}', now(), now(), 99), ('b', '{}', now(), now(), 99)")
 	base := []string{"--dsn", d.DSN, "--schema", d.Schema}

@@ -1,23 +1,24 @@
 // Package doctor checks one duroxide schema the way an on-call engineer
 // needs it: which migrations are applied (goose's and duroxide-pg's
-// bookkeeping), whether fetch_orchestration_item is the fixed one (0020),
-// messages trapped by the lease bug, stale instance locks, and the clock
+// bookkeeping), which definition each function a pack fix migration fixes
+// has (the pack's fix, upstream's at version V, or unknown), messages trapped by the lease bug, stale instance locks, and the clock
 // skew between this host and the database. Every finding has a severity and
 // says what to do.
 package doctor
 
 import (
 	"context"
-	"crypto/md5"
 	"database/sql"
-	"encoding/hex"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/duroxide-pg/migrations/harness/fingerprint"
 	"github.com/duroxide-pg/migrations/harness/migrate"
+	migrations "github.com/duroxide-pg/migrations/sql"
 )
 
 // Severities, in increasing order; a report's status is its worst finding.
@@ -36,17 +37,6 @@ func rank(s string) int {
 	}
 	return 0
 }
-
-// Reference fingerprints of fetch_orchestration_item, as Fingerprint
-// computes them (md5 of pg_get_functiondef with the schema replaced by
-// @SCHEMA@). TestReferenceFingerprints applies the pack at 19 and at 20 and
-// fails when these drift (an edited sql/0019 or sql/0020, or a PostgreSQL
-// that prints definitions differently); it prints the new values to paste
-// here: go test ./harness/doctor/ -run TestReferenceFingerprints.
-const (
-	FingerprintV19 = "c99e4e8f03b4765e05aa6967429fb1da"
-	FingerprintV20 = "2c0fea768246269a15ea62dec7c2f817"
-)
 
 // Thresholds of the clock-skew check.
 const (
@@ -78,21 +68,47 @@ type Report struct {
 	GooseVersion *int64 `json:"goose_version"`
 	// UpstreamVersion is max(version) of _duroxide_migrations, nil without
 	// that table.
-	UpstreamVersion *int64        `json:"duroxide_migrations_version"`
-	Function        FunctionCheck `json:"fetch_orchestration_item"`
-	Trapped         []Trapped     `json:"trapped_messages"`
-	ExpiredLeases   []Lease       `json:"expired_leases"`
-	OrphanLocks     []Lease       `json:"locks_without_messages"`
-	ClockSkewMs     int64         `json:"clock_skew_ms"`
-	MaxAttempts     int           `json:"max_attempts"`
-	Findings        []Finding     `json:"findings"`
+	UpstreamVersion *int64 `json:"duroxide_migrations_version"`
+	// PackLatest is the newest version of the pack this doctor knows.
+	PackLatest int64 `json:"pack_latest_version"`
+	// Functions identifies every function a fix migration of the pack
+	// fixes, in the order of those migrations.
+	Functions     []FunctionCheck `json:"fixed_functions"`
+	Trapped       []Trapped       `json:"trapped_messages"`
+	ExpiredLeases []Lease         `json:"expired_leases"`
+	OrphanLocks   []Lease         `json:"locks_without_messages"`
+	ClockSkewMs   int64           `json:"clock_skew_ms"`
+	MaxAttempts   int             `json:"max_attempts"`
+	Findings      []Finding       `json:"findings"`
 }
 
-// FunctionCheck identifies the installed fetch_orchestration_item.
+// Verdicts of a FunctionCheck.
+const (
+	// Fixed: the definition carries the pack's fix.
+	Fixed = "fixed"
+	// Unfixed: upstream's definition (or the pack's port of it), without
+	// the fix.
+	Unfixed = "unfixed"
+	// Unknown: neither upstream's nor the pack's (a hand edit, a newer
+	// upstream).
+	Unknown = "unknown"
+	// Missing: no such function, or more than one overload.
+	Missing = "missing"
+)
+
+// FunctionCheck identifies the installed definition of one function that a
+// pack migration fixes.
 type FunctionCheck struct {
-	// Verdict: "fixed" (0020), "bug" (0019), "unknown" (another
-	// definition), "missing".
-	Verdict     string `json:"verdict"`
+	Name string `json:"name"`
+	// FixedBy is the pack migration that fixes it.
+	FixedBy string `json:"fixed_by"`
+	// Verdict is Fixed, Unfixed, Unknown or Missing.
+	Verdict string `json:"verdict"`
+	// Definition says which one it is: "pack 0021 fix, upstream 20
+	// behaviour", "upstream 19, 20, 21, 23", "pack, as upstream 19".
+	Definition string `json:"definition,omitempty"`
+	// Fingerprint is the md5 of its source with the schema's name replaced
+	// by @schema@ (reference/fingerprint.sql's).
 	Fingerprint string `json:"fingerprint,omitempty"`
 	Definitions int    `json:"definitions"`
 }
@@ -146,7 +162,7 @@ func Check(ctx context.Context, q Querier, opts Options) (*Report, error) {
 	if opts.ListLimit <= 0 {
 		opts.ListLimit = 20
 	}
-	r := &Report{Schema: opts.Schema, MaxAttempts: opts.MaxAttempts,
+	r := &Report{Schema: opts.Schema, MaxAttempts: opts.MaxAttempts, PackLatest: migrations.Latest(),
 		Trapped: []Trapped{}, ExpiredLeases: []Lease{}, OrphanLocks: []Lease{}}
 	add := func(sev, check, msg, action string) {
 		r.Findings = append(r.Findings, Finding{sev, check, msg, action})
@@ -195,16 +211,19 @@ func Check(ctx context.Context, q Querier, opts Options) (*Report, error) {
 	case !hasGoose:
 		add(Warning, "migrations", "no goose version table: this database was migrated by duroxide-pg's own runner",
 			fmt.Sprintf("run `harness baseline --schema %s` (try --dry-run first), then `harness migrate up`", s))
-	case *r.GooseVersion < 20:
-		add(Warning, "migrations", fmt.Sprintf("goose is at version %d; the pack has 20", *r.GooseVersion),
+	case *r.GooseVersion < r.PackLatest:
+		add(Warning, "migrations", fmt.Sprintf("goose is at version %d; the pack has %d", *r.GooseVersion, r.PackLatest),
 			fmt.Sprintf("run `harness migrate up --schema %s`", s))
 	default:
 		add(OK, "migrations", fmt.Sprintf("goose at version %d", *r.GooseVersion), "")
 	}
 
-	// fetch_orchestration_item.
-	if err := checkFunction(ctx, q, s, r, add); err != nil {
+	// The functions the pack fixes.
+	if r.Functions, err = Functions(ctx, q, s); err != nil {
 		return nil, err
+	}
+	for _, f := range r.Functions {
+		judge(f, s, r, add)
 	}
 
 	// Queue and locks.
@@ -259,107 +278,89 @@ func abs(x int64) int64 {
 	return x
 }
 
-const defQuery = `
-SELECT pg_get_functiondef(p.oid), quote_ident($1), quote_literal($1)
-FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
-WHERE n.nspname = $1 AND p.proname = 'fetch_orchestration_item'
-ORDER BY p.oid`
-
-func checkFunction(ctx context.Context, q Querier, s string, r *Report, add func(sev, check, msg, action string)) error {
-	rows, err := q.QueryContext(ctx, defQuery, s)
+// Functions identifies, in schema, the definition of every function a fix
+// migration of the pack fixes (migrations.Fixes), by fingerprint.
+func Functions(ctx context.Context, q Querier, schema string) ([]FunctionCheck, error) {
+	installed, err := fingerprint.Take(ctx, q, schema)
 	if err != nil {
-		return fmt.Errorf("read fetch_orchestration_item: %w", err)
+		return nil, err
 	}
-	defer rows.Close()
-	var fps []string
-	blocking := false
-	for rows.Next() {
-		var def, qi, ql string
-		if err := rows.Scan(&def, &qi, &ql); err != nil {
-			return err
+	var out []FunctionCheck
+	for _, m := range migrations.Fixes() {
+		for _, name := range m.Fixes {
+			c := FunctionCheck{Name: name, FixedBy: m.File, Verdict: Missing}
+			var found []fingerprint.Function
+			for _, f := range installed {
+				if f.Name == name {
+					found = append(found, f)
+				}
+			}
+			c.Definitions = len(found)
+			if len(found) == 1 {
+				c.Fingerprint = found[0].Normalized
+				c.Verdict = Unknown
+				if d, ok := fingerprint.Identify(found[0]); ok {
+					c.Definition = d.Label
+					c.Verdict = Unfixed
+					if d.Fixed {
+						c.Verdict = Fixed
+					}
+				}
+			}
+			out = append(out, c)
 		}
-		norm := Normalize(def, qi, ql)
-		fps = append(fps, md5hex(norm))
-		if strings.Contains(norm, "pg_advisory_xact_lock(") {
-			blocking = true
+	}
+	return out, nil
+}
+
+// AllFixed reports whether every function the pack fixes has its fix.
+func AllFixed(fs []FunctionCheck) bool {
+	for _, f := range fs {
+		if f.Verdict != Fixed {
+			return false
 		}
 	}
-	if err := rows.Err(); err != nil {
-		return err
-	}
-	r.Function.Definitions = len(fps)
-	const check = "fetch_orchestration_item"
-	switch {
-	case len(fps) == 0:
-		r.Function.Verdict = "missing"
-		add(Critical, check, "fetch_orchestration_item does not exist: no dispatcher can fetch work",
-			fmt.Sprintf("run `harness migrate up --schema %s`", s))
-		return nil
-	case len(fps) > 1:
-		r.Function.Verdict = "unknown"
-		add(Critical, check, fmt.Sprintf("%d overloads of fetch_orchestration_item exist; duroxide-pg expects one", len(fps)),
-			"drop the ones duroxide-pg does not call (`\\df "+s+".fetch_orchestration_item` in psql), then re-run doctor")
-		return nil
-	}
-	r.Function.Fingerprint = fps[0]
-	switch fps[0] {
-	case FingerprintV20:
-		r.Function.Verdict = "fixed"
-		add(OK, check, "the fixed definition (pack 0020): leases are valid when returned", "")
-	case FingerprintV19:
-		r.Function.Verdict = "bug"
-		add(Warning, check, "version 19's definition: a contended fetch can hand out a lease that is already expired (acks fail with 'Invalid lock token', attempt_count climbs)",
-			fmt.Sprintf("run `harness migrate up --schema %s` to apply 0020 (run `harness baseline` first if goose has no table here)", s))
+	return len(fs) > 0
+}
+
+// judge adds the finding of one fixed function.
+func judge(f FunctionCheck, s string, r *Report, add func(sev, check, msg, action string)) {
+	fixVersion, _, _ := strings.Cut(f.FixedBy, "_")
+	v, _ := strconv.ParseInt(fixVersion, 10, 64)
+	up := fmt.Sprintf("harness migrate up --schema %s", s)
+	show := fmt.Sprintf("inspect it with `SELECT pg_get_functiondef('%s.%s'::regproc)`", pgx.Identifier{s}.Sanitize(), f.Name)
+	switch f.Verdict {
+	case Fixed:
+		add(OK, f.Name, fmt.Sprintf("%s (%s)", f.Definition, f.FixedBy), "")
+	case Missing:
+		msg := fmt.Sprintf("%s does not exist: duroxide-pg cannot run", f.Name)
+		action := "run `" + up + "`"
+		if f.Definitions > 1 {
+			msg = fmt.Sprintf("%d overloads of %s exist; duroxide-pg expects one", f.Definitions, f.Name)
+			action = "drop the ones duroxide-pg does not call (`\\df " + s + "." + f.Name + "` in psql), then re-run doctor"
+		}
+		add(Critical, f.Name, msg, action)
+	case Unfixed:
+		applied := r.GooseVersion != nil && *r.GooseVersion >= v
+		if applied {
+			// goose says the fix ran, yet the definition is upstream's:
+			// duroxide-pg's own runner (or someone) replaced it since.
+			action := "run `" + up + "`: a later pack migration re-installs the fix"
+			if *r.GooseVersion >= r.PackLatest {
+				action = fmt.Sprintf("re-apply the Up section of sql/%s in one transaction (it identifies the definition and installs the fix for it), then re-run doctor", f.FixedBy)
+			}
+			add(Warning, f.Name, fmt.Sprintf("%s: duroxide-pg's runner replaced the fix (goose records %s as applied)", f.Definition, f.FixedBy), action)
+			return
+		}
+		next := "run `" + up + "`"
+		if r.GooseVersion == nil {
+			next = fmt.Sprintf("run `harness baseline --schema %s` (try --dry-run first), then `%s`", s, up)
+		}
+		add(Warning, f.Name, fmt.Sprintf("%s, without the pack's fix (%s is not applied)", f.Definition, f.FixedBy), next)
 	default:
-		r.Function.Verdict = "unknown"
-		msg := "an unknown definition (neither pack 0019 nor 0020), e.g. replaced by a later duroxide-pg migration or by hand"
-		if blocking {
-			msg += "; it takes a blocking pg_advisory_xact_lock, like version 19: the lease bug is likely present"
-		}
-		show := fmt.Sprintf("inspect it with `SELECT pg_get_functiondef('%s.fetch_orchestration_item'::regproc)`", pgx.Identifier{s}.Sanitize())
-		action := show + " and compare with sql/0020's Up; if it was edited by hand, re-apply 0020's Up (CREATE OR REPLACE FUNCTION) in a transaction"
-		if r.UpstreamVersion != nil && *r.UpstreamVersion > 19 {
-			msg += fmt.Sprintf("; _duroxide_migrations is at %d, so duroxide-pg's own later migrations ran here", *r.UpstreamVersion)
-			action = show + "; do NOT re-apply the pack's 0020 blindly, it would undo what upstream's later version changed: check whether that version already has the fix (pg_try_advisory_xact_lock, SKIP LOCKED, lease computed just before returning) and if not port 0020's changes onto it"
-		}
-		add(Critical, check, msg, action)
+		add(Critical, f.Name, fmt.Sprintf("an unknown definition of %s (neither upstream's at any version nor the pack's), e.g. edited by hand or from a newer duroxide-pg", f.Name),
+			show+"; the pack's migrations refuse to replace it, so that nothing undoes a change they do not know: compare it with upstream's and the pack's texts and restore a known one")
 	}
-	return nil
-}
-
-// Normalize replaces the schema in a pg_get_functiondef text by @SCHEMA@:
-// in the header's qualified name (qident: the quoted identifier) and in the
-// SET search_path line (qlit: the quoted literal). The body is untouched.
-func Normalize(def, qident, qlit string) string {
-	def = strings.ReplaceAll(def, "\r\n", "\n")
-	lines := strings.Split(def, "\n")
-	for i, l := range lines {
-		if strings.HasPrefix(l, "AS ") {
-			break
-		}
-		if strings.HasPrefix(l, "CREATE OR REPLACE FUNCTION ") {
-			lines[i] = strings.Replace(l, " "+qident+".", " @SCHEMA@.", 1)
-		}
-		if strings.HasPrefix(l, " SET search_path TO ") {
-			lines[i] = strings.ReplaceAll(l, qlit, "'@SCHEMA@'")
-		}
-	}
-	return strings.Join(lines, "\n")
-}
-
-// Fingerprint is md5 of the normalised definition of fetch_orchestration_item
-// in schema ("" when absent or overloaded).
-func Fingerprint(ctx context.Context, q Querier, schema string) (string, error) {
-	r := &Report{}
-	if err := checkFunction(ctx, q, schema, r, func(string, string, string, string) {}); err != nil {
-		return "", err
-	}
-	return r.Function.Fingerprint, nil
-}
-
-func md5hex(s string) string {
-	h := md5.Sum([]byte(s))
-	return hex.EncodeToString(h[:])
 }
 
 func checkQueue(ctx context.Context, q Querier, s string, opts Options, r *Report, add func(sev, check, msg, action string)) error {

@@ -18,6 +18,7 @@ import (
 	"github.com/duroxide-pg/migrations/harness/doctor"
 	"github.com/duroxide-pg/migrations/harness/pgtest"
 	"github.com/duroxide-pg/migrations/harness/testdb"
+	migrations "github.com/duroxide-pg/migrations/sql"
 )
 
 var (
@@ -63,68 +64,120 @@ func finding(r *doctor.Report, check string) doctor.Finding {
 	return doctor.Finding{}
 }
 
-// The shipped fingerprints are those of the pack's 0019 and 0020, whatever
-// the schema is called. When this fails after an edit of sql/0019 or
-// sql/0020 (or on a PostgreSQL that prints definitions differently), paste
-// the values it prints into FingerprintV19/FingerprintV20 in doctor.go.
-func TestReferenceFingerprints(t *testing.T) {
-	t.Parallel()
-	got := map[int64]string{}
-	for _, v := range []int64{19, 20} {
-		for _, p := range []*testdb.Pool{dbs, other} {
-			d := p.New(t, v)
-			fp, err := doctor.Fingerprint(context.Background(), openDB(t, d), d.Schema)
-			require.NoError(t, err)
-			require.NotEmpty(t, fp)
-			if got[v] != "" {
-				require.Equal(t, got[v], fp, "version %d: the fingerprint must not depend on the schema name", v)
-			}
-			got[v] = fp
+func function(r *doctor.Report, name string) doctor.FunctionCheck {
+	for _, f := range r.Functions {
+		if f.Name == name {
+			return f
 		}
 	}
-	require.NotEqual(t, got[19], got[20])
-	if got[19] != doctor.FingerprintV19 || got[20] != doctor.FingerprintV20 {
-		t.Fatalf("reference fingerprints drifted; set in harness/doctor/doctor.go:\n\tFingerprintV19 = %q\n\tFingerprintV20 = %q", got[19], got[20])
+	return doctor.FunctionCheck{}
+}
+
+// At every pack version from 19 on, each function a fix migration fixes is
+// reported fixed exactly when goose is at or past that migration, whatever
+// the schema is called; only the latest version is OK.
+func TestEveryFixedFunctionIsIdentifiedAtEveryPackVersion(t *testing.T) {
+	t.Parallel()
+	latest := migrations.Latest()
+	for v := int64(19); v <= latest; v++ {
+		for _, p := range []*testdb.Pool{dbs, other} {
+			d := p.New(t, v)
+			r := check(t, d, openDB(t, d))
+			require.Equal(t, latest, r.PackLatest)
+			for _, m := range migrations.Fixes() {
+				for _, name := range m.Fixes {
+					f := function(r, name)
+					want := doctor.Unfixed
+					if v >= m.Version {
+						want = doctor.Fixed
+					}
+					require.Equal(t, want, f.Verdict, "%s at pack %d in schema %q: %+v", name, v, d.Schema, f)
+					require.NotEmpty(t, f.Definition)
+					require.Equal(t, m.File, f.FixedBy)
+				}
+			}
+			if v == latest {
+				require.Equal(t, doctor.OK, r.Status, "%+v", r.Findings)
+			} else {
+				require.Equal(t, doctor.Warning, r.Status, "%+v", r.Findings)
+				require.Contains(t, finding(r, "migrations").Message, fmt.Sprintf("the pack has %d", latest))
+			}
+		}
 	}
 }
 
-func TestVerdictAt20IsOK(t *testing.T) {
-	t.Parallel()
-	d := dbs.New(t, 20)
-	r := check(t, d, openDB(t, d))
-	require.Equal(t, doctor.OK, r.Status, "%+v", r.Findings)
-	require.Equal(t, "fixed", r.Function.Verdict)
-	require.Equal(t, int64(20), *r.GooseVersion)
-	require.Equal(t, int64(19), *r.UpstreamVersion)
-}
-
-func TestVerdictAt19IsWarning(t *testing.T) {
+func TestVerdictAt19NamesTheUpstreamDefinitionAndMigrateUp(t *testing.T) {
 	t.Parallel()
 	d := other.New(t, 19)
 	r := check(t, d, openDB(t, d))
 	require.Equal(t, doctor.Warning, r.Status)
-	require.Equal(t, "bug", r.Function.Verdict)
+	f := function(r, "fetch_orchestration_item")
+	require.Equal(t, doctor.Unfixed, f.Verdict)
+	require.Contains(t, f.Definition, "pack")
+	require.Contains(t, f.Definition, "19")
 	require.Contains(t, finding(r, "fetch_orchestration_item").Action, "migrate up")
 }
 
-func TestVerdictWithAReplacedFunctionIsCritical(t *testing.T) {
+func TestVerdictWithAHandEditedFunctionIsCritical(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	d := dbs.New(t, 20)
+	d := dbs.New(t, migrations.Latest())
 	db := openDB(t, d)
 	var def string
-	require.NoError(t, db.QueryRowContext(ctx, "SELECT pg_get_functiondef($1::regproc)", d.Qualify("fetch_orchestration_item")).Scan(&def))
+	require.NoError(t, db.QueryRowContext(ctx, "SELECT pg_get_functiondef($1::regproc)", d.Qualify("ack_orchestration_item")).Scan(&def))
 	exec(t, db, strings.Replace(def, "BEGIN", "BEGIN\n    -- replaced by hand", 1))
 	r := check(t, d, db)
 	require.Equal(t, doctor.Critical, r.Status)
-	require.Equal(t, "unknown", r.Function.Verdict)
-	require.NotEmpty(t, finding(r, "fetch_orchestration_item").Action)
+	require.Equal(t, doctor.Unknown, function(r, "ack_orchestration_item").Verdict)
+	require.Equal(t, doctor.Fixed, function(r, "fetch_orchestration_item").Verdict)
+	require.Contains(t, finding(r, "ack_orchestration_item").Action, "pg_get_functiondef")
+}
+
+// A database made by upstream's own runner has upstream's texts: doctor
+// names them and sends the DBA to baseline first.
+func TestRealProviderDatabaseIsUnfixedUpstreamAndNeedsABaseline(t *testing.T) {
+	t.Parallel()
+	d := dbs.RealProvider(t)
+	r := check(t, d, openDB(t, d))
+	require.Equal(t, doctor.Warning, r.Status, "%+v", r.Findings)
+	require.Nil(t, r.GooseVersion)
+	require.Equal(t, int64(23), *r.UpstreamVersion)
+	for _, f := range r.Functions {
+		require.Equal(t, doctor.Unfixed, f.Verdict, "%+v", f)
+		require.Contains(t, f.Definition, "upstream ")
+		require.Contains(t, f.Definition, "23")
+		require.Contains(t, finding(r, f.Name).Action, "harness baseline")
+	}
+}
+
+// The pack built a database at 21 (both fixes, rows 1..19); duroxide-pg's
+// runner then applied upstream 20, 21 and 23, replacing 0021's ack with
+// upstream 20's. doctor must not say OK: it names the replaced fix and
+// the remedy, and migrate up restores it.
+func TestAFixReplacedByDuroxidePgsRunnerIsAWarningThatMigrateUpRemedies(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	d := dbs.PackThenProvider(t, 21)
+	db := openDB(t, d)
+	r := check(t, d, db)
+	require.Equal(t, doctor.Warning, r.Status, "%+v", r.Findings)
+	ack := finding(r, "ack_orchestration_item")
+	require.Equal(t, doctor.Warning, ack.Severity)
+	require.Contains(t, ack.Message, "duroxide-pg's runner replaced the fix")
+	require.Contains(t, ack.Action, "harness migrate up")
+	require.Equal(t, doctor.Unfixed, function(r, "ack_orchestration_item").Verdict)
+
+	_, err := d.Runner(t).Up(ctx)
+	require.NoError(t, err)
+	r = check(t, d, db)
+	require.Equal(t, doctor.OK, r.Status, "%+v", r.Findings)
+	require.True(t, doctor.AllFixed(r.Functions))
 }
 
 func TestQueueAndLockFindingsAndReset(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	d := dbs.New(t, 20)
+	d := dbs.New(t, migrations.Latest())
 	db := openDB(t, d)
 	q := d.Qualify("orchestrator_queue")
 	for i, n := range []int{50, 50, 3} {
@@ -171,7 +224,7 @@ func TestQueueAndLockFindingsAndReset(t *testing.T) {
 
 func TestClockSkew(t *testing.T) {
 	t.Parallel()
-	d := dbs.New(t, 20)
+	d := dbs.New(t, migrations.Latest())
 	r, err := doctor.Check(context.Background(), openDB(t, d), doctor.Options{Schema: d.Schema,
 		Now: func() time.Time { return time.Now().Add(-time.Minute) }})
 	require.NoError(t, err)

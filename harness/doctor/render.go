@@ -19,11 +19,14 @@ func (r *Report) Render(w io.Writer) {
 	fmt.Fprintf(w, "duroxide doctor: schema %s: %s\n\n", r.Schema, strings.ToUpper(r.Status))
 	fmt.Fprintf(w, "  goose version               %s\n", ver(r.GooseVersion))
 	fmt.Fprintf(w, "  _duroxide_migrations max    %s\n", ver(r.UpstreamVersion))
-	fp := r.Function.Fingerprint
-	if fp == "" {
-		fp = "-"
+	fmt.Fprintf(w, "  pack latest version         %d\n", r.PackLatest)
+	for _, f := range r.Functions {
+		def := f.Definition
+		if def == "" {
+			def = "-"
+		}
+		fmt.Fprintf(w, "  %-27s %s: %s\n", f.Name, f.Verdict, def)
 	}
-	fmt.Fprintf(w, "  fetch_orchestration_item    %s (fingerprint %s)\n", r.Function.Verdict, fp)
 	fmt.Fprintf(w, "  clock skew (db - host)      %+d ms\n\n", r.ClockSkewMs)
 
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
