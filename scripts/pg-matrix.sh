@@ -261,10 +261,22 @@ for major in "${majors[@]}"; do
   if [ "${MATRIX_TESTS:-full}" = quick ]; then repro_args=(minimal); else repro_args=(all --duration 6s); fi
   msg "PostgreSQL $server_ver: go run ./harness/cmd/harness repro ${repro_args[*]} (log: $rlog)"
   t2="$(now_ms)"
+  # The repro is a timing demonstration on a shared machine: a stall longer
+  # than the calibrated lock timeout (a few hundred ms) can fail a verdict
+  # at either version. A failed run is printed in full, then run once more;
+  # the table says "pass (retry)" when only the second run passed.
   if PG_BIN="$bin" go run ./harness/cmd/harness repro "${repro_args[@]}" --json "$logdir/pg$major-repro.json" >"$rlog" 2>&1; then
     repro_res=pass
   else
-    repro_res="FAIL (exit $?)"; failed=1
+    rc=$?
+    msg "PostgreSQL $server_ver: repro exited $rc; its output follows, then one more run"
+    sed 's/^/    | /' "$rlog" >&2
+    mv "$rlog" "$logdir/pg$major-repro-first.log"
+    if PG_BIN="$bin" go run ./harness/cmd/harness repro "${repro_args[@]}" --json "$logdir/pg$major-repro.json" >"$rlog" 2>&1; then
+      repro_res="pass (retry)"
+    else
+      repro_res="FAIL (exit $?)"; failed=1
+    fi
   fi
   t3="$(now_ms)"
   grep -E 'remaining lease|ack with|verdict' "$rlog" | sed 's/^/    /' >&2 || true
