@@ -15,6 +15,7 @@ import (
 
 	"github.com/duroxide-pg/migrations/harness/migrate"
 	"github.com/duroxide-pg/migrations/harness/pgtest"
+	migrations "github.com/duroxide-pg/migrations/sql"
 )
 
 func run(t *testing.T, args ...string) (code int, stdout, stderr string) {
@@ -83,6 +84,7 @@ func TestBadInputExitsWithCode2AndOneLine(t *testing.T) {
 		{"unknown flag", []string{"migrate", "up", "--frob"}, "flag provided but not defined"},
 		{"unknown environment", []string{"migrate", "up", "--env", "nowhere"}, "no environment"},
 		{"unknown repro", []string{"repro", "sideways"}, "unknown repro"},
+		{"repro version beyond the pack", []string{"repro", "minimal", "--dsn", dsn, "--versions", fmt.Sprintf("19,%d", migrations.Latest()+1)}, fmt.Sprintf("between 1 and %d", migrations.Latest())},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -17,6 +17,7 @@ import (
 	"github.com/duroxide-pg/migrations/harness/orch"
 	"github.com/duroxide-pg/migrations/harness/pgtest"
 	"github.com/duroxide-pg/migrations/harness/repro"
+	migrations "github.com/duroxide-pg/migrations/sql"
 )
 
 // reproSetup is one throwaway database with one schema per version.
@@ -202,8 +203,8 @@ func parseVersions(s string) ([]int64, error) {
 	var out []int64
 	for _, f := range strings.Split(s, ",") {
 		v, err := strconv.ParseInt(strings.TrimSpace(f), 10, 64)
-		if err != nil || v < 1 || v > 20 {
-			return nil, usagef("--versions %q: give two schema versions between 1 and 20, e.g. 19,20", s)
+		if err != nil || v < 1 || v > migrations.Latest() {
+			return nil, usagef("--versions %q: give two schema versions between 1 and %d (the pack's latest), e.g. 19,20", s, migrations.Latest())
 		}
 		out = append(out, v)
 	}
