@@ -216,6 +216,32 @@ func Fixes() []Migration {
 	return out
 }
 
+// FixOf returns the fix migration of function name.
+func FixOf(name string) (Migration, bool) {
+	for _, m := range Fixes() {
+		if slices.Contains(m.Fixes, name) {
+			return m, true
+		}
+	}
+	return Migration{}, false
+}
+
+// FetchFix is the pair of versions the repros and benchmarks compare: the
+// pack version just before its fix of fetch_orchestration_item, and that
+// fix.
+func FetchFix() (bug, fix int64) {
+	m, ok := FixOf("fetch_orchestration_item")
+	if !ok {
+		panic("the pack has no fix of fetch_orchestration_item")
+	}
+	for _, p := range MustPack() {
+		if p.Version < m.Version {
+			bug = p.Version
+		}
+	}
+	return bug, m.Version
+}
+
 // UpstreamAt is the newest upstream version ported at or below goose
 // version v (0 when none).
 func UpstreamAt(v int64) int64 {

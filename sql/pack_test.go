@@ -101,3 +101,18 @@ func TestFingerprintIsTheMD5OfTheSource(t *testing.T) {
 		t.Fatalf("Fingerprint(\"\") = %s", got)
 	}
 }
+
+func TestTheReprosCompareTheFetchFixWithThePortBeforeIt(t *testing.T) {
+	bug, fix := migrations.FetchFix()
+	m, ok := migrations.ByVersion(fix)
+	if !ok || !slices.Contains(m.Fixes, "fetch_orchestration_item") {
+		t.Fatalf("FetchFix's fix %d is %+v, not the migration whose header says it fixes fetch_orchestration_item", fix, m.Fixes)
+	}
+	before, ok := migrations.ByVersion(bug)
+	if !ok || bug != fix-1 || !before.IsPort() {
+		t.Errorf("FetchFix's bug version %d: want the port right before %s", bug, m.File)
+	}
+	if _, ok := migrations.FixOf("no_such_function"); ok {
+		t.Error("FixOf found a fix of a function no file names")
+	}
+}

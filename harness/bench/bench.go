@@ -35,13 +35,12 @@ import (
 	"github.com/duroxide-pg/migrations/harness/dispatch"
 	"github.com/duroxide-pg/migrations/harness/migrate"
 	"github.com/duroxide-pg/migrations/harness/pgtest"
+	migrations "github.com/duroxide-pg/migrations/sql"
 )
 
-// The versions compared.
-const (
-	BugVersion = 19
-	FixVersion = 20
-)
+// Versions are the schema versions compared: the version before the pack's
+// fix of fetch_orchestration_item, and that fix (read from sql/).
+func Versions() (bug, fix int64) { return migrations.FetchFix() }
 
 // Scenario names (also the JSON values).
 const (
@@ -342,10 +341,11 @@ func Run(ctx context.Context, srv *pgtest.Server, cfg Config, progress func(Prog
 		schemas[key{scenario, side}] = p
 		return nil
 	}
+	bugVersion, fixVersion := Versions()
 	sides := []struct {
 		side    string
 		version int64
-	}{{SideV19, BugVersion}, {SideV20, FixVersion}}
+	}{{SideV19, bugVersion}, {SideV20, fixVersion}}
 	progress(Progress{Steps: cfg.Steps(), Rounds: cfg.Rounds, Label: "migrating and seeding the schemas", Elapsed: time.Since(start)})
 	for _, s := range sides {
 		if cfg.has(Backlog) {
@@ -365,7 +365,7 @@ func Run(ctx context.Context, srv *pgtest.Server, cfg Config, progress func(Prog
 		}
 	}
 	if cfg.has(QueueOnly) {
-		if err := prep(QueueOnly, SideBaseline, FixVersion, queueConfig(cfg, 1), true); err != nil {
+		if err := prep(QueueOnly, SideBaseline, fixVersion, queueConfig(cfg, 1), true); err != nil {
 			return res, err
 		}
 	}

@@ -28,7 +28,8 @@ func BenchmarkFetchUncontended(b *testing.B) {
 	}
 	b.Cleanup(func() { _ = s.DropDatabase(context.Background(), db) })
 	dsn := s.DSN(db)
-	for _, v := range []int64{BugVersion, FixVersion} {
+	bug, fix := Versions()
+	for _, v := range []int64{bug, fix} {
 		schema := fmt.Sprintf("micro_v%d", v)
 		if err := migrateSchema(ctx, dsn, schema, v); err != nil {
 			b.Fatal(err)

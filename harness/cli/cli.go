@@ -14,14 +14,17 @@ import (
 	"github.com/duroxide-pg/migrations/harness/pgtest"
 )
 
-// Exit codes.
+// Exit codes. doctor's follow the monitoring-plugin convention (0 ok,
+// 1 warning, 2 critical); bad input has a code of its own, EX_USAGE of
+// sysexits.h, so that monitoring can tell a broken check from a critical
+// database.
 const (
 	ExitOK      = 0
-	ExitFailure = 1 // the command ran and found a problem (e.g. a repro verdict)
-	ExitUsage   = 2 // bad input: the message says what to do
-	// ExitCritical is doctor's "critical" verdict, the same code as bad
-	// input, as monitoring expects 0 ok / 1 warning / 2 critical.
+	ExitFailure = 1 // the command ran and found a problem (e.g. a repro verdict); doctor: warning
+	// ExitCritical is doctor's "critical" verdict, also given when the
+	// database cannot be reached or read.
 	ExitCritical = 2
+	ExitUsage    = 64 // bad input: the message says what to do
 )
 
 // exitError ends a command with a given exit code and a one-line message.
@@ -32,12 +35,20 @@ type exitError struct {
 
 func (e exitError) Error() string { return e.msg }
 
-// usageError is bad input from the user: printed on one line, exit 2.
+// usageError is bad input from the user: printed on one line, exit
+// ExitUsage.
 type usageError struct{ msg string }
 
 func (e usageError) Error() string { return e.msg }
 
 func usagef(format string, args ...any) error { return usageError{fmt.Sprintf(format, args...)} }
+
+// unreachableError is a database that cannot be connected to: bad input
+// for most commands (check the DSN), a critical state for doctor.
+type unreachableError struct{ usage usageError }
+
+func (e unreachableError) Error() string { return e.usage.msg }
+func (e unreachableError) Unwrap() error { return e.usage }
 
 // command is one subcommand.
 type command struct {
@@ -57,10 +68,10 @@ func commands() []command {
 		{"migrate", "apply or roll back migrations: migrate up|down|status|version [--to N] [--dsn DSN | --env NAME] [--schema S]", runMigrate},
 		{"db", "throwaway database: db start [--backend auto|local|dsn|docker]", runDB},
 		{"baseline", "adopt a database made by duroxide-pg's own runner: baseline [--dsn DSN | --env NAME] [--schema S] [--dry-run] [--force]", runBaseline},
-		{"doctor", "health check, exit 0 ok / 1 warning / 2 critical: doctor [--dsn DSN | --env NAME] [--schema S] [--json] [--max-attempts 10] [--reset-attempts INSTANCE... [--apply]]", runDoctor},
+		{"doctor", "health check, exit 0 ok / 1 warning / 2 critical / 64 bad input: doctor [--dsn DSN | --env NAME] [--schema S] [--json] [--max-attempts 10] [--reset-attempts INSTANCE... [--apply]]", runDoctor},
 		{"bench", benchSummary, runBench},
 		{"soak", "fault-injection soak, exit 1 on any invariant violation: soak [--duration 5m] [--round 20s] [--dsn DSN] [--version N] [--seed N] [--no-restart] [--json FILE]", runSoak},
-		{"repro", "show the bug at 19 and the fix at 20: repro [minimal|organic|all] [--versions 19,20] [--json FILE] [--report DIR] [--dsn DSN]", runRepro},
+		{"repro", "show the bug before the pack's fetch fix and the fix: repro [minimal|organic|all] [--versions BUG,FIX] [--json FILE] [--report DIR] [--dsn DSN]", runRepro},
 	}
 }
 

@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 	"text/tabwriter"
@@ -12,7 +13,7 @@ import (
 
 // runDoctor checks a duroxide schema (package doctor). Exit codes, for
 // monitoring: 0 ok, 1 warning, 2 critical (also when the database cannot be
-// reached or read: an unknown state is treated as critical).
+// reached or read: an unknown state is treated as critical), 64 bad input.
 func runDoctor(ctx context.Context, env *Env, args []string) error {
 	fs := newFlags(env, "doctor")
 	var t target
@@ -39,6 +40,13 @@ func runDoctor(ctx context.Context, env *Env, args []string) error {
 		return err
 	}
 	db, err := t.connect(ctx)
+	var unreachable unreachableError
+	if errors.As(err, &unreachable) {
+		if *asJSON {
+			_ = json.NewEncoder(env.Stdout).Encode(map[string]string{"schema": t.schema, "status": doctor.Critical, "error": unreachable.Error()})
+		}
+		return exitError{code: ExitCritical, msg: "doctor: critical: " + unreachable.Error()}
+	}
 	if err != nil {
 		return err
 	}

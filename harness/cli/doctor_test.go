@@ -76,3 +76,16 @@ func TestDoctorBadInput(t *testing.T) {
 		require.Equal(t, 1, strings.Count(errOut, "\n"), "one line: %q", errOut)
 	}
 }
+
+func TestDoctorExitCodesTellACriticalDatabaseFromABrokenCheck(t *testing.T) {
+	t.Parallel()
+	code, out, errOut := runCmd(t, runDoctor, "--json", "--dsn", "postgres://u:hunter2@127.0.0.1:1/db?connect_timeout=2")
+	require.Equal(t, ExitCritical, code, "a database that cannot be reached is critical")
+	require.Contains(t, errOut, "critical")
+	require.Contains(t, out, `"status":"critical"`)
+	require.NotContains(t, out+errOut, "hunter2", "passwords are never printed")
+
+	code, _, errOut = runCmd(t, runDoctor, "--dsn", "postgres://u@%zz/db")
+	require.Equal(t, ExitUsage, code, "a malformed DSN is bad input: %s", errOut)
+	require.NotEqual(t, ExitCritical, ExitUsage, "monitoring can tell them apart")
+}

@@ -64,7 +64,9 @@ type reproReport struct {
 func runRepro(ctx context.Context, env *Env, args []string) error {
 	fs := newFlags(env, "repro")
 	dsn := fs.String("dsn", "", "use this existing server (a database is created and dropped) instead of a throwaway one")
-	versionsFlag := fs.String("versions", "19,20", "schema versions to compare: the buggy one, then the fixed one")
+	bug, fix := repro.Versions()
+	pair := fmt.Sprintf("%d,%d", bug, fix)
+	versionsFlag := fs.String("versions", pair, "schema versions to compare: the buggy one, then the fixed one")
 	jsonFile := fs.String("json", "", "write the figures as JSON to this file")
 	reportDir := fs.String("report", "", "write a Markdown report (with a histogram of remaining lease) into this directory")
 	def := repro.OrganicDefaults()
@@ -83,7 +85,7 @@ func runRepro(ctx context.Context, env *Env, args []string) error {
 	}
 	which := "all"
 	if len(pos) > 1 {
-		return usagef("usage: harness repro [minimal|organic|all] [--versions 19,20] [--json FILE] [--report DIR] [--dsn DSN]")
+		return usagef("usage: harness repro [minimal|organic|all] [--versions %s] [--json FILE] [--report DIR] [--dsn DSN]", pair)
 	}
 	if len(pos) == 1 {
 		which = pos[0]
@@ -101,8 +103,8 @@ func runRepro(ctx context.Context, env *Env, args []string) error {
 	if *dispatchers < 1 || *instances < 1 || *history < 0 || *eventBytes < 1 || *lockTimeout < 0 || *poll <= 0 || *turn < 0 || *duration <= 0 || *skew < 0 {
 		return usagef("organic settings out of range: dispatchers, instances, event-bytes >= 1; poll, duration > 0; history, lock-timeout, turn, skew >= 0")
 	}
-	if (which == "organic" || which == "all") && (versions[0] != 19 || versions[1] != 20) {
-		return usagef("the organic repro compares versions 19 and 20 only; drop --versions or use `repro minimal`")
+	if (which == "organic" || which == "all") && (versions[0] != int64(bug) || versions[1] != int64(fix)) {
+		return usagef("the organic repro compares versions %d and %d only; drop --versions or use `repro minimal`", bug, fix)
 	}
 
 	setup, err := setupRepro(ctx, env, *dsn, versions)
@@ -204,7 +206,7 @@ func parseVersions(s string) ([]int64, error) {
 	for _, f := range strings.Split(s, ",") {
 		v, err := strconv.ParseInt(strings.TrimSpace(f), 10, 64)
 		if err != nil || v < 1 || v > migrations.Latest() {
-			return nil, usagef("--versions %q: give two schema versions between 1 and %d (the pack's latest), e.g. 19,20", s, migrations.Latest())
+			return nil, usagef("--versions %q: give two schema versions between 1 and %d (the pack's latest)", s, migrations.Latest())
 		}
 		out = append(out, v)
 	}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/duroxide-pg/migrations/harness/dispatch"
 	"github.com/duroxide-pg/migrations/harness/migrate"
+	migrations "github.com/duroxide-pg/migrations/sql"
 )
 
 // The organic scenario: no hand-made stale timestamp, just the runtime's
@@ -16,11 +17,12 @@ import (
 // after the other, with the same seed and settings. See OrganicDefaults for
 // the settings and what they gave when measured.
 
-// Schema versions the organic scenario compares.
-const (
-	BugVersion = 19
-	FixVersion = 20
-)
+// Versions are the schema versions the repros compare: the version before
+// the pack's fix of fetch_orchestration_item, and that fix (read from sql/).
+func Versions() (bug, fix int) {
+	b, f := migrations.FetchFix()
+	return int(b), int(f)
+}
 
 // Verdict thresholds.
 const (
@@ -103,15 +105,18 @@ func OrganicShort() dispatch.Config {
 	return c
 }
 
-// OrganicSchemas are the schemas PrepareOrganic migrates.
-var OrganicSchemas = map[int]string{BugVersion: "organic_v19", FixVersion: "organic_v20"}
+// OrganicSchemas are the schemas PrepareOrganic migrates, by version:
+// organic_vN for each of Versions.
+func OrganicSchemas() map[int]string {
+	bug, fix := Versions()
+	return map[int]string{bug: fmt.Sprintf("organic_v%d", bug), fix: fmt.Sprintf("organic_v%d", fix)}
+}
 
-// PrepareOrganic migrates OrganicSchemas in the database of dsn: schema
-// organic_v19 to version 19 and organic_v20 to version 20. It returns the
-// map RunOrganic takes.
+// PrepareOrganic migrates OrganicSchemas in the database of dsn, each to its
+// version. It returns the map RunOrganic takes.
 func PrepareOrganic(ctx context.Context, dsn string) (map[int]string, error) {
 	out := map[int]string{}
-	for v, schema := range OrganicSchemas {
+	for v, schema := range OrganicSchemas() {
 		if err := migrateTo(ctx, dsn, schema, int64(v)); err != nil {
 			return nil, err
 		}
@@ -311,9 +316,9 @@ func runOrganicVersion(ctx context.Context, dsn string, version int, schema stri
 	return run, nil
 }
 
-// Judge applies the verdict criteria: a version below FixVersion must
+// Judge applies the verdict criteria: a version below the fix must
 // reproduce the bug (>= ReproDeadPct% of leases dead on arrival, >= 1
-// refused ack, attempt_count > max_attempts); FixVersion and above must be
+// refused ack, attempt_count > max_attempts); the fix and above must be
 // clean (no lease dead on arrival, refused acks <= CleanInvalidAckPct% of
 // fetches, attempt_count <= max_attempts, some turns completed).
 //
@@ -328,6 +333,7 @@ func runOrganicVersion(ctx context.Context, dsn string, version int, schema stri
 // batch (re-tagged by the taker), and the taker processes the same messages
 // again. Seen about once in twenty organic runs, near the lease's end.
 func Judge(runs []OrganicRun) OrganicVerdict {
+	_, fixVersion := Versions()
 	v := OrganicVerdict{Conserved: true}
 	sawBug, sawFix := false, false
 	bugOK, fixOK := true, true
@@ -335,7 +341,7 @@ func Judge(runs []OrganicRun) OrganicVerdict {
 		v.Checks = append(v.Checks, Check{Version: version, Name: name, Want: want, Got: got, Pass: pass, Advisory: advisory})
 		switch {
 		case advisory:
-		case version < FixVersion:
+		case version < fixVersion:
 			bugOK = bugOK && pass
 		default:
 			fixOK = fixOK && pass
@@ -343,7 +349,7 @@ func Judge(runs []OrganicRun) OrganicVerdict {
 	}
 	for _, r := range runs {
 		s := r.Summary
-		if r.Version < FixVersion {
+		if r.Version < fixVersion {
 			sawBug = true
 			add(r.Version, "leases dead on arrival", fmt.Sprintf(">= %.0f%%", ReproDeadPct),
 				fmt.Sprintf("%.1f%% (%d of %d)", s.DeadOnArrivalPct, s.DeadOnArrival, s.Fetches),

@@ -202,8 +202,9 @@ func PrintTable(w io.Writer, res OrganicResult) error {
 	if res.Verdict.OK {
 		verdict = "ok"
 	}
+	bug, fix := Versions()
 	fmt.Fprintf(tw, "verdict\treproduced at %d: %v\tclean at %d: %v\t(%s)\n",
-		BugVersion, res.Verdict.Reproduced, FixVersion, res.Verdict.Fixed, verdict)
+		bug, res.Verdict.Reproduced, fix, res.Verdict.Fixed, verdict)
 	lock := fmt.Sprintf("lock timeout %d ms", res.Settings.LockTimeoutMs)
 	if c := res.Calibration; c != nil {
 		lock += fmt.Sprintf(" (%g x an uncontended fetch, %.1f ms)", LockTimeoutFactor, c.FetchMs)
@@ -260,8 +261,9 @@ func OrganicMarkdown(res OrganicResult, histogramFile string) string {
 		}
 		fmt.Fprintf(&b, "| %d | %s | %s | %s | %s |\n", c.Version, c.Name, c.Want, mdCell(c.Got), pass)
 	}
-	fmt.Fprintf(&b, "\nReproduced at %d: **%v**. Clean at %d: **%v**.\n", BugVersion, res.Verdict.Reproduced,
-		FixVersion, res.Verdict.Fixed)
+	bug, fix := Versions()
+	fmt.Fprintf(&b, "\nReproduced at %d: **%v**. Clean at %d: **%v**.\n", bug, res.Verdict.Reproduced,
+		fix, res.Verdict.Fixed)
 	if !res.Verdict.Conserved {
 		b.WriteString("\nA message was processed twice (or lost): ack_orchestration_item validates the lease against the " +
 			"caller's p_now_ms with a plain read and locks nothing, so a fetch can take the instance over while an ack " +
