@@ -336,8 +336,10 @@ func (d *dispatcher) fetch(ctx context.Context) (*fetched, error) {
 		d.connMu.Lock()
 		lease, lerr := d.client.ReadLease(context.WithoutCancel(ctx), d.conn, it.LockToken)
 		d.connMu.Unlock()
+		ev.DBReturnMs = it.DBReturnMs
 		if lerr == nil {
 			ev.DBAtReturnMs = lease.DBNowMs
+			ev.DeliveryMs = lease.DBNowMs - it.DBReturnMs
 			if lease.LockedUntilMs == 0 {
 				ev.LeaseLost = true
 			} else {

@@ -93,6 +93,38 @@ func TestSummarizeCountsAndPercentiles(t *testing.T) {
 	}
 }
 
+func TestSummarizeTellsDeadAtReturnFromExpiredInDelivery(t *testing.T) {
+	const timeout = 100
+	// fetch builds a fetch event: the function returned at db clock 1000
+	// with a lease until lockedUntil; the row reached the caller with
+	// remaining ms left by its clock, delivery ms after the return.
+	fetch := func(token string, lockedUntil, remaining, delivery int64) dispatch.Event {
+		return dispatch.Event{Kind: dispatch.KindFetch, Token: token, Outcome: dispatch.OutcomeOK,
+			DBReturnMs: 1000, LockedUntilMs: lockedUntil, RemainingMs: remaining,
+			LeaseAgeMs: timeout - remaining, DeliveryMs: delivery}
+	}
+	ev := []dispatch.Event{
+		fetch("stale", 990, -20, 10),  // expired before the function returned
+		fetch("slow", 1100, -50, 150), // whole at return, outlived by a 150 ms delivery
+		fetch("short", 1030, -5, 40),  // alive at return, but expired in a 40 ms delivery: not whole
+		fetch("fine", 1100, 90, 10),   // alive on arrival
+		{Kind: dispatch.KindFetch, Token: "lost", Outcome: dispatch.OutcomeOK, LeaseLost: true},
+		{Kind: dispatch.KindAck, Token: "fine", Outcome: dispatch.OutcomeInvalidLockToken},
+		{Kind: dispatch.KindAck, Token: "slow", Outcome: dispatch.OutcomeInvalidLockToken},
+	}
+	s := dispatch.Summarize(ev, time.Second, 10)
+	require.Equal(t, 5, s.Fetches)
+	require.Equal(t, 4, s.DeadOnArrival, "stale, slow, short and lost, by the caller's clock")
+	require.Equal(t, 2, s.DeadAtReturn, "stale, and lost (counted as dead)")
+	require.InDelta(t, 40.0, s.DeadAtReturnPct, 0.01)
+	require.Equal(t, 2, s.ExpiredInDelivery, "slow and short")
+	require.Equal(t, 1, s.ExpiredInShortDelivery, "short: its delivery was shorter than the lock timeout")
+	require.Equal(t, int64(150), s.DeliveryMaxMs)
+	require.Equal(t, 2, s.InvalidLockAcks)
+	require.Equal(t, 1, s.LiveLeaseInvalidAcks, "only fine's lease was alive on arrival")
+	require.InDelta(t, 20.0, s.LiveLeaseInvalidAckPct, 0.01)
+}
+
 func TestConservationFindsLostAndDoubledMessages(t *testing.T) {
 	ok := []dispatch.Event{
 		{Kind: dispatch.KindAck, Outcome: "ok", Messages: []string{"m-0-0"}, Enqueued: []string{"m-1-1"}},

@@ -55,7 +55,14 @@ type Event struct {
 	// instance over, so it was expired by that dispatcher's clock):
 	// LockedUntilMs and RemainingMs are then unknown (0) and the lease
 	// counts as dead on arrival.
-	DBAtReturnMs  int64 `json:"db_at_return_ms,omitempty"`
+	DBAtReturnMs int64 `json:"db_at_return_ms,omitempty"`
+	// DBReturnMs is the database clock when the function had returned (read
+	// in the fetch's own statement). DeliveryMs is DBAtReturnMs minus it:
+	// the time, by the database clock, from the function's return until
+	// the lease was read after the row reached the caller (the row's
+	// delivery plus one round trip).
+	DBReturnMs    int64 `json:"db_return_ms,omitempty"`
+	DeliveryMs    int64 `json:"delivery_ms,omitempty"`
 	LockedUntilMs int64 `json:"locked_until_ms,omitempty"`
 	RemainingMs   int64 `json:"remaining_ms"`
 	// LeaseAgeMs is how old the lease was when the row reached the caller:
@@ -85,6 +92,27 @@ func (e Event) HasRow() bool { return e.Kind == KindFetch && e.Token != "" }
 // DeadOnArrival reports a fetch whose lease had already expired, by the
 // caller's own clock, when the row reached the caller.
 func (e Event) DeadOnArrival() bool { return e.HasRow() && (e.LeaseLost || e.RemainingMs <= 0) }
+
+// DeadAtReturn reports a fetch whose lease had already expired, by the
+// database clock, when the function returned: what the function controls.
+// A lease lost before it could be read counts as dead at return.
+func (e Event) DeadAtReturn() bool {
+	return e.HasRow() && (e.LeaseLost || (e.DBReturnMs > 0 && e.LockedUntilMs <= e.DBReturnMs))
+}
+
+// ExpiredInDelivery reports a lease alive when the function returned but
+// expired, by the caller's clock, when the row reached the caller: the
+// row's delivery (a large history) outlasted the lease.
+func (e Event) ExpiredInDelivery() bool { return e.DeadOnArrival() && !e.DeadAtReturn() }
+
+// LockTimeoutMs is the lock timeout the fetch passed, from its lease
+// (0 when the lease was not read).
+func (e Event) LockTimeoutMs() int64 {
+	if e.LeaseLost {
+		return 0
+	}
+	return e.LeaseAgeMs + e.RemainingMs
+}
 
 // Log collects the events of a run; it is safe for concurrent use.
 type Log struct {

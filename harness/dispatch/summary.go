@@ -27,6 +27,18 @@ type Summary struct {
 	DeadOnArrival    int     `json:"dead_on_arrival"`
 	DeadOnArrivalPct float64 `json:"dead_on_arrival_pct"`
 	LeasesLost       int     `json:"leases_lost_before_read"`
+	// DeadAtReturn counts returned leases already expired by the database
+	// clock when the function returned (Event.DeadAtReturn): the defect
+	// the fix removes. ExpiredInDelivery counts the other dead-on-arrival
+	// leases, alive at return but expired by the time the row reached the
+	// caller; DeliveryMaxMs is the longest delivery among them, and
+	// ExpiredInShortDelivery counts those whose delivery was shorter than
+	// the lock timeout (their lease was not whole at return).
+	DeadAtReturn           int     `json:"dead_at_return"`
+	DeadAtReturnPct        float64 `json:"dead_at_return_pct"`
+	ExpiredInDelivery      int     `json:"expired_in_delivery"`
+	ExpiredInShortDelivery int     `json:"expired_in_short_delivery"`
+	DeliveryMaxMs          int64   `json:"expired_in_delivery_max_delivery_ms"`
 
 	// AckCalls counts the first ack of each batch (kinds ack and poison);
 	// InvalidLockAcks those refused with 'Invalid lock token', and
@@ -34,6 +46,10 @@ type Summary struct {
 	AckCalls          int     `json:"ack_calls"`
 	InvalidLockAcks   int     `json:"invalid_lock_acks"`
 	InvalidLockAckPct float64 `json:"invalid_lock_ack_pct_of_fetches"`
+	// LiveLeaseInvalidAcks counts the refused acks of leases that were
+	// alive when they reached the caller (not dead on arrival).
+	LiveLeaseInvalidAcks   int     `json:"live_lease_invalid_acks"`
+	LiveLeaseInvalidAckPct float64 `json:"live_lease_invalid_ack_pct_of_fetches"`
 	// CompletedTurns counts successful acks of normal turns; TurnsPerSec is
 	// CompletedTurns / ElapsedS.
 	CompletedTurns int     `json:"completed_turns"`
@@ -80,6 +96,7 @@ type Summary struct {
 func Summarize(events []Event, elapsed time.Duration, maxAttempts int) Summary {
 	s := Summary{ElapsedS: elapsed.Seconds(), MaxAttempts: maxAttempts}
 	var remaining, age, lat, leaseLat []int64
+	deadOnArrival := map[string]bool{} // lease token -> dead on arrival
 	noteErr := func(e Event) {
 		s.OtherErrors++
 		if s.FirstError == "" {
@@ -96,8 +113,19 @@ func Summarize(events []Event, elapsed time.Duration, maxAttempts int) Summary {
 				s.Fetches++
 				leaseLat = append(leaseLat, e.LatencyUs)
 				s.MaxAttemptCount = max(s.MaxAttemptCount, int(e.AttemptCount))
+				deadOnArrival[e.Token] = e.DeadOnArrival()
 				if e.DeadOnArrival() {
 					s.DeadOnArrival++
+				}
+				switch {
+				case e.DeadAtReturn():
+					s.DeadAtReturn++
+				case e.ExpiredInDelivery():
+					s.ExpiredInDelivery++
+					s.DeliveryMaxMs = max(s.DeliveryMaxMs, e.DeliveryMs)
+					if e.DeliveryMs < e.LockTimeoutMs() {
+						s.ExpiredInShortDelivery++
+					}
 				}
 				if e.LeaseLost {
 					s.LeasesLost++
@@ -128,6 +156,9 @@ func Summarize(events []Event, elapsed time.Duration, maxAttempts int) Summary {
 				}
 			case OutcomeInvalidLockToken:
 				s.InvalidLockAcks++
+				if dead, fetched := deadOnArrival[e.Token]; fetched && !dead {
+					s.LiveLeaseInvalidAcks++
+				}
 			default:
 				noteErr(e)
 			}
@@ -149,6 +180,8 @@ func Summarize(events []Event, elapsed time.Duration, maxAttempts int) Summary {
 	if s.Fetches > 0 {
 		s.DeadOnArrivalPct = 100 * float64(s.DeadOnArrival) / float64(s.Fetches)
 		s.InvalidLockAckPct = 100 * float64(s.InvalidLockAcks) / float64(s.Fetches)
+		s.DeadAtReturnPct = 100 * float64(s.DeadAtReturn) / float64(s.Fetches)
+		s.LiveLeaseInvalidAckPct = 100 * float64(s.LiveLeaseInvalidAcks) / float64(s.Fetches)
 	}
 	if s.ElapsedS > 0 {
 		s.TurnsPerSec = float64(s.CompletedTurns) / s.ElapsedS

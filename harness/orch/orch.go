@@ -48,6 +48,9 @@ type Item struct {
 	LockToken    string
 	AttemptCount int32
 	KVSnapshot   json.RawMessage
+	// DBReturnMs is the database clock (epoch ms) when the function had
+	// returned: read in the same statement, after the function's rows.
+	DBReturnMs int64
 }
 
 // Fetch calls fetch_orchestration_item(now, timeout, min, max); nil filter
@@ -59,10 +62,11 @@ func (c Client) Fetch(ctx context.Context, q Querier, nowMs, lockTimeoutMs int64
 	}
 	var it Item
 	err := q.QueryRow(ctx, "SELECT out_instance_id, out_orchestration_name, out_orchestration_version, out_execution_id, "+
-		"out_history, out_messages, out_lock_token, out_attempt_count, out_kv_snapshot FROM "+
+		"out_history, out_messages, out_lock_token, out_attempt_count, out_kv_snapshot, "+
+		"floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint FROM "+
 		c.schema+".fetch_orchestration_item($1, $2, $3, $4)", nowMs, lockTimeoutMs, min, max).
 		Scan(&it.InstanceID, &it.Name, &it.Version, &it.ExecutionID, &it.History, &it.Messages,
-			&it.LockToken, &it.AttemptCount, &it.KVSnapshot)
+			&it.LockToken, &it.AttemptCount, &it.KVSnapshot, &it.DBReturnMs)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, nil
 	}

@@ -26,14 +26,20 @@ func Versions() (bug, fix int) {
 
 // Verdict thresholds.
 const (
-	// The bug reproduces when at least this share of leases is dead on
-	// arrival (and at least one ack is refused, and attempt_count exceeds
+	// The bug reproduces when at least this share of leases is dead at
+	// return (and at least one ack is refused, and attempt_count exceeds
 	// max_attempts).
 	ReproDeadPct = 20.0
-	// The fix is clean when no lease is dead on arrival, at most this share
-	// of fetches ends in a refused ack, and attempt_count stays within
-	// max_attempts.
+	// The fix is clean when no lease is dead at return, none expired in a
+	// delivery shorter than the lock timeout, at most this share of
+	// fetches ends in a refused ack of a lease alive on arrival, and
+	// attempt_count stays within max_attempts.
 	CleanInvalidAckPct = 1.0
+	// Shares are judged only over enough leases: a run with fewer fails
+	// its "leases returned" check (run it longer) rather than pass or fail
+	// on a percentage of a handful.
+	MinBugLeases = 20
+	MinFixLeases = 50
 )
 
 // OrganicDefaults is the full organic scenario (`make repro`): 32
@@ -43,8 +49,9 @@ const (
 // pending message, every turn enqueueing the next; the runtime's 100 ms
 // minimum poll interval and max_attempts 10, no turn time, no clock skew,
 // 10 s per version. The lock timeout is calibrated (LockTimeout 0): 3.5
-// times the fastest of 9 uncontended fetches of a hot instance on this
-// machine, now (Calibrate); it came to 170-310 ms in the measurements below.
+// times the median of 9 uncontended fetches of a hot instance on this
+// machine, now (Calibrate). With the fastest of 9 instead, it came to
+// 170-310 ms in the measurements below.
 //
 // Why these. At 19 every fetcher queues on the advisory lock of the same
 // oldest instance; the losers move on to the next oldest and queue again,
@@ -266,7 +273,7 @@ func RunOrganic(ctx context.Context, dsn string, schemas map[int]string, cfg dis
 		}
 		cal = &c
 		cfg.LockTimeout = c.LockTimeout
-		progress(fmt.Sprintf("calibration: one uncontended fetch of a hot instance takes %v (fastest of %d); lock timeout %g x that = %v",
+		progress(fmt.Sprintf("calibration: one uncontended fetch of a hot instance takes %v (median of %d); lock timeout %g x that = %v",
 			c.Fetch.Round(time.Millisecond), c.Samples, LockTimeoutFactor, c.LockTimeout))
 	}
 	cfg = cfg.WithDefaults()
@@ -311,27 +318,33 @@ func runOrganicVersion(ctx context.Context, dsn string, version int, schema stri
 	}
 	run.Histogram = RemainingHistogram(run.Events, cfg.LockTimeout.Milliseconds())
 	s := run.Summary
-	progress(fmt.Sprintf("v%d: %d fetches, %d (%.1f%%) dead on arrival, %d invalid-lock acks, max attempt_count %d, %.1f turns/s",
-		version, s.Fetches, s.DeadOnArrival, s.DeadOnArrivalPct, s.InvalidLockAcks, s.MaxAttemptCount, s.TurnsPerSec))
+	progress(fmt.Sprintf("v%d: %d fetches, %d (%.1f%%) dead at return, %d more expired in delivery, %d invalid-lock acks, max attempt_count %d, %.1f turns/s",
+		version, s.Fetches, s.DeadAtReturn, s.DeadAtReturnPct, s.ExpiredInDelivery, s.InvalidLockAcks, s.MaxAttemptCount, s.TurnsPerSec))
 	return run, nil
 }
 
-// Judge applies the verdict criteria: a version below the fix must
-// reproduce the bug (>= ReproDeadPct% of leases dead on arrival, >= 1
-// refused ack, attempt_count > max_attempts); the fix and above must be
-// clean (no lease dead on arrival, refused acks <= CleanInvalidAckPct% of
-// fetches, attempt_count <= max_attempts, some turns completed).
+// Judge applies the verdict criteria. A version below the fix must
+// reproduce the bug: at least MinBugLeases leases, >= ReproDeadPct% of them
+// dead at return (expired by the database clock when the function
+// returned), >= 1 refused ack, attempt_count > max_attempts. The fix and
+// above must be clean: at least MinFixLeases leases, none dead at return,
+// none expired in a delivery shorter than the lock timeout (a lease alive
+// at return that only a long delivery of the row outlived is reported, not
+// judged: the function cannot shorten the delivery), refused acks of leases
+// alive on arrival <= CleanInvalidAckPct% of fetches, attempt_count <=
+// max_attempts.
 //
 // "Messages conserved" (every message consumed by exactly one successful
 // ack, or still queued) is checked too, but only as an advisory check: it
 // can fail at both versions for a reason the fetch fix does not touch.
 // ack_orchestration_item validates the lease with a plain read against the
-// caller's p_now_ms, minted before the call, and locks nothing; a fetch can
-// take the instance over (its lease expired by the fetcher's clock) while
-// such an ack is between its validation and its DELETE of the batch. The
-// ack then commits its history and new messages without consuming the
-// batch (re-tagged by the taker), and the taker processes the same messages
-// again. Seen about once in twenty organic runs, near the lease's end.
+// caller's p_now_ms, minted before the call, and locks nothing (until the
+// pack's ack fix); a fetch can take the instance over (its lease expired by
+// the fetcher's clock) while such an ack is between its validation and its
+// DELETE of the batch. The ack then commits its history and new messages
+// without consuming the batch (re-tagged by the taker), and the taker
+// processes the same messages again. Seen about once in twenty organic
+// runs, near the lease's end.
 func Judge(runs []OrganicRun) OrganicVerdict {
 	_, fixVersion := Versions()
 	v := OrganicVerdict{Conserved: true}
@@ -351,22 +364,26 @@ func Judge(runs []OrganicRun) OrganicVerdict {
 		s := r.Summary
 		if r.Version < fixVersion {
 			sawBug = true
-			add(r.Version, "leases dead on arrival", fmt.Sprintf(">= %.0f%%", ReproDeadPct),
-				fmt.Sprintf("%.1f%% (%d of %d)", s.DeadOnArrivalPct, s.DeadOnArrival, s.Fetches),
-				s.Fetches > 0 && s.DeadOnArrivalPct >= ReproDeadPct, false)
+			add(r.Version, "leases returned", fmt.Sprintf(">= %d", MinBugLeases), fmt.Sprint(s.Fetches), s.Fetches >= MinBugLeases, false)
+			add(r.Version, "leases dead at return", fmt.Sprintf(">= %.0f%%", ReproDeadPct),
+				fmt.Sprintf("%.1f%% (%d of %d)", s.DeadAtReturnPct, s.DeadAtReturn, s.Fetches),
+				s.Fetches > 0 && s.DeadAtReturnPct >= ReproDeadPct, false)
 			add(r.Version, "acks refused with 'Invalid lock token'", ">= 1",
 				fmt.Sprint(s.InvalidLockAcks), s.InvalidLockAcks >= 1, false)
 			add(r.Version, "max attempt_count", fmt.Sprintf("> max_attempts (%d)", s.MaxAttempts),
 				fmt.Sprint(s.MaxAttemptCount), s.ExceededMaxAttempts, false)
 		} else {
 			sawFix = true
-			add(r.Version, "leases dead on arrival", "0",
-				fmt.Sprintf("%d of %d", s.DeadOnArrival, s.Fetches), s.DeadOnArrival == 0, false)
-			add(r.Version, "acks refused with 'Invalid lock token'", fmt.Sprintf("<= %.0f%% of fetches", CleanInvalidAckPct),
-				fmt.Sprintf("%d (%.2f%%)", s.InvalidLockAcks, s.InvalidLockAckPct), s.InvalidLockAckPct <= CleanInvalidAckPct, false)
+			add(r.Version, "leases returned", fmt.Sprintf(">= %d", MinFixLeases), fmt.Sprint(s.Fetches), s.Fetches >= MinFixLeases, false)
+			add(r.Version, "leases dead at return", "0",
+				fmt.Sprintf("%d of %d", s.DeadAtReturn, s.Fetches), s.DeadAtReturn == 0, false)
+			add(r.Version, "leases expired in a delivery shorter than the lock timeout", "0",
+				fmt.Sprintf("%d (of %d expired in delivery; longest delivery %d ms)", s.ExpiredInShortDelivery, s.ExpiredInDelivery, s.DeliveryMaxMs),
+				s.ExpiredInShortDelivery == 0, false)
+			add(r.Version, "refused acks of leases alive on arrival", fmt.Sprintf("<= %.0f%% of fetches", CleanInvalidAckPct),
+				fmt.Sprintf("%d (%.2f%%)", s.LiveLeaseInvalidAcks, s.LiveLeaseInvalidAckPct), s.LiveLeaseInvalidAckPct <= CleanInvalidAckPct, false)
 			add(r.Version, "max attempt_count", fmt.Sprintf("<= max_attempts (%d)", s.MaxAttempts),
 				fmt.Sprint(s.MaxAttemptCount), !s.ExceededMaxAttempts, false)
-			add(r.Version, "completed turns", "> 0", fmt.Sprint(s.CompletedTurns), s.CompletedTurns > 0, false)
 		}
 		conserved := r.Conservation == "ok"
 		v.Conserved = v.Conserved && conserved
@@ -386,7 +403,7 @@ const LockTimeoutFactor = 3.5
 type Calibration struct {
 	Schema  string `json:"schema"`
 	Samples int    `json:"samples"`
-	// Fetch is the fastest of Samples uncontended fetches (FetchMs in ms).
+	// Fetch is the median of Samples uncontended fetches (FetchMs in ms).
 	Fetch       time.Duration `json:"-"`
 	FetchMs     float64       `json:"fetch_ms"`
 	LockTimeout time.Duration `json:"-"`
@@ -398,9 +415,12 @@ type Calibration struct {
 // Calibrate measures how long one uncontended fetch_orchestration_item of a
 // seeded hot instance takes right now on schema (seeded with cfg, one
 // dispatcher's connection, each lease abandoned again), and derives the
-// lock timeout: LockTimeoutFactor x the fastest of 9 fetches (the fastest,
-// so that a passing load spike during the calibration does not stretch the
-// timeout for the whole run).
+// lock timeout: LockTimeoutFactor x the median of 9 fetches. The median,
+// so that a passing spike in a few samples does not stretch the timeout for
+// the whole run, while a machine that stays busy (another process keeping
+// every core busy) gets a timeout its deliveries fit in: with the fastest
+// of 9, such a machine measured a fetch it could rarely repeat, and 6 runs
+// of 10 failed "clean at 20" on leases outlived by their delivery.
 //
 // Why: the bug and the fix are both about time spent in and around that
 // call. At 19 a lease dies when the caller's wait exceeds the timeout; with
@@ -423,10 +443,10 @@ func Calibrate(ctx context.Context, dsn, schema string, cfg dispatch.Config) (Ca
 		return Calibration{}, fmt.Errorf("organic: calibrate: %w", err)
 	}
 	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
-	fastest := lat[0]
-	t := time.Duration(LockTimeoutFactor * float64(fastest))
+	median := lat[samples/2]
+	t := time.Duration(LockTimeoutFactor * float64(median))
 	t = ((t + 10*time.Millisecond - 1) / (10 * time.Millisecond)) * (10 * time.Millisecond)
 	t = min(max(t, 50*time.Millisecond), 5*time.Second)
-	return Calibration{Schema: schema, Samples: samples, Fetch: fastest,
-		FetchMs: float64(fastest.Microseconds()) / 1000, LockTimeout: t, LockTimeoutMs: t.Milliseconds()}, nil
+	return Calibration{Schema: schema, Samples: samples, Fetch: median,
+		FetchMs: float64(median.Microseconds()) / 1000, LockTimeout: t, LockTimeoutMs: t.Milliseconds()}, nil
 }

@@ -61,12 +61,13 @@ func TestNiceWidth(t *testing.T) {
 func sampleResult() OrganicResult {
 	runs := []OrganicRun{
 		{Version: 19, Schema: "organic_v19", Events: fetchEvents(-300, -250, -120, -40, 5), Conservation: "ok",
-			Summary: dispatch.Summary{Fetches: 5, FetchCalls: 9, DeadOnArrival: 4, DeadOnArrivalPct: 80, InvalidLockAcks: 5,
-				InvalidLockAckPct: 100, MaxAttemptCount: 61, MaxAttempts: 10, ExceededMaxAttempts: true, RemainingSamples: 5,
+			Summary: dispatch.Summary{Fetches: 25, FetchCalls: 45, DeadOnArrival: 20, DeadOnArrivalPct: 80, DeadAtReturn: 20,
+				DeadAtReturnPct: 80, InvalidLockAcks: 20, InvalidLockAckPct: 80, MaxAttemptCount: 61, MaxAttempts: 10,
+				ExceededMaxAttempts: true, RemainingSamples: 25,
 				RemainingP1Ms: -300, RemainingP50Ms: -120, RemainingP99Ms: 5, ElapsedS: 8}},
 		{Version: 20, Schema: "organic_v20", Events: fetchEvents(20, 25, 27, 28, 28), Conservation: "ok",
-			Summary: dispatch.Summary{Fetches: 5, FetchCalls: 7, CompletedTurns: 5, TurnsPerSec: 0.6, MaxAttemptCount: 1,
-				MaxAttempts: 10, RemainingSamples: 5, RemainingP1Ms: 20, RemainingP50Ms: 27, RemainingP99Ms: 28, ElapsedS: 8}},
+			Summary: dispatch.Summary{Fetches: 60, FetchCalls: 70, CompletedTurns: 60, TurnsPerSec: 7.5, MaxAttemptCount: 1,
+				MaxAttempts: 10, RemainingSamples: 60, RemainingP1Ms: 20, RemainingP50Ms: 27, RemainingP99Ms: 28, ElapsedS: 8}},
 	}
 	shareHistogramAxis(runs, 30)
 	cfg := OrganicDefaults()
@@ -82,14 +83,38 @@ func TestJudge(t *testing.T) {
 	require.True(t, res.Verdict.Fixed)
 	require.True(t, res.Verdict.OK)
 
-	// A dead lease at 20 fails the fix; too few at 19 fail the repro.
+	// A lease dead at return at 20 fails the fix; too few at 19 fail the repro.
 	runs := append([]OrganicRun(nil), res.Runs...)
-	runs[1].Summary.DeadOnArrival = 1
-	runs[0].Summary.DeadOnArrivalPct = 19.9
+	runs[1].Summary.DeadAtReturn = 1
+	runs[0].Summary.DeadAtReturnPct = 19.9
 	v := Judge(runs)
 	require.False(t, v.Reproduced)
 	require.False(t, v.Fixed)
 	require.False(t, v.OK)
+
+	// At 20, a lease that only a delivery longer than the lock timeout
+	// outlived is reported, not judged; one that expired in a shorter
+	// delivery was not whole at return, and fails.
+	runs = append([]OrganicRun(nil), res.Runs...)
+	runs[1].Summary.DeadOnArrival, runs[1].Summary.ExpiredInDelivery, runs[1].Summary.DeliveryMaxMs = 1, 1, 250
+	require.True(t, Judge(runs).Fixed)
+	runs[1].Summary.ExpiredInShortDelivery = 1
+	require.False(t, Judge(runs).Fixed)
+
+	// Refused acks count against the fix only for leases alive on arrival.
+	runs = append([]OrganicRun(nil), res.Runs...)
+	runs[1].Summary.InvalidLockAcks, runs[1].Summary.InvalidLockAckPct = 3, 5
+	require.True(t, Judge(runs).Fixed)
+	runs[1].Summary.LiveLeaseInvalidAcks, runs[1].Summary.LiveLeaseInvalidAckPct = 3, 5
+	require.False(t, Judge(runs).Fixed)
+
+	// Shares of a handful are not judged: too few leases fail either side.
+	runs = append([]OrganicRun(nil), res.Runs...)
+	runs[0].Summary.Fetches = MinBugLeases - 1
+	runs[1].Summary.Fetches = MinFixLeases - 1
+	v = Judge(runs)
+	require.False(t, v.Reproduced)
+	require.False(t, v.Fixed)
 	// A lost or doubled message is advisory: reported, not decisive.
 	runs = append([]OrganicRun(nil), res.Runs...)
 	runs[1].Conservation = "messages not conserved: m-1-1 consumed 2 times, pending 0 times"
@@ -113,7 +138,7 @@ func TestPrintTableIsSideBySide(t *testing.T) {
 	var b bytes.Buffer
 	require.NoError(t, PrintTable(&b, sampleResult()))
 	out := b.String()
-	for _, want := range []string{"v19 (organic_v19)", "v20 (organic_v20)", "dead on arrival", "4 (80.0%)", "0 (0.0%)",
+	for _, want := range []string{"v19 (organic_v19)", "v20 (organic_v20)", "dead at return", "20 (80.0%)", "0 (0.0%)",
 		"invalid-lock acks", "61 (> 10: yes)", "1 (> 10: no)", "-300 / -120 / 5 ms", "20 / 27 / 28 ms", "completed turns/s"} {
 		require.Contains(t, out, want)
 	}
@@ -124,7 +149,7 @@ func TestWriteReportWritesMarkdownAndAWellFormedSVG(t *testing.T) {
 	require.NoError(t, WriteReport(dir, sampleResult()))
 	md, err := os.ReadFile(filepath.Join(dir, ReportFile))
 	require.NoError(t, err)
-	require.Contains(t, string(md), "| dead on arrival | 4 (80.0%) | 0 (0.0%) |")
+	require.Contains(t, string(md), "| dead at return (database clock) | 20 (80.0%) | 0 (0.0%) |")
 	require.Contains(t, string(md), "![Remaining lease at return, per version]("+HistogramFile+")")
 	require.Contains(t, string(md), "Reproduced at 19: **true**. Clean at 20: **true**.")
 
