@@ -32,7 +32,7 @@ var branches = []struct {
 	filter *orch.VersionRange
 }{
 	{"without version filter", nil},
-	{"with the runtime's version filter", orch.RuntimeFilter},
+	{"with the runtime's version filter", orch.RuntimeFilter()},
 }
 
 type fixBundle struct {
@@ -266,7 +266,7 @@ func TestV20TriesAtMost32CandidatesPerCall(t *testing.T) {
 				require.NoError(t, err)
 			}
 			b.enqueue(t, "free")
-			item, _, _ := b.fetchAt(t, b.pool, time.Now().UnixMilli(), 0, orch.RuntimeFilter)
+			item, _, _ := b.fetchAt(t, b.pool, time.Now().UnixMilli(), 0, orch.RuntimeFilter())
 			if contended < bound {
 				require.NotNil(t, item, "within the bound the free instance is found")
 				require.Equal(t, "free", item.InstanceID)
@@ -305,7 +305,7 @@ func TestV20ConcurrentDispatchersNeverShareAnInstance(t *testing.T) {
 			defer wg.Done()
 			conn := b.db.Conn(t, "")
 			for ctx.Err() == nil {
-				item, err := b.c.Fetch(ctx, conn, time.Now().UnixMilli(), 200, orch.RuntimeFilter)
+				item, err := b.c.Fetch(ctx, conn, time.Now().UnixMilli(), 200, orch.RuntimeFilter())
 				got := time.Now()
 				if err != nil || item == nil {
 					continue
@@ -376,7 +376,7 @@ func TestV20UncontendedFetchMatchesV19(t *testing.T) {
 		filter *orch.VersionRange
 	}{
 		{"no filter", nil},
-		{"runtime filter", orch.RuntimeFilter},
+		{"runtime filter", orch.RuntimeFilter()},
 		{"min only", &orch.VersionRange{Min: 0, Max: -1}},
 		{"min above max", &orch.VersionRange{Min: 2000, Max: 1000}},
 	}
@@ -418,7 +418,8 @@ func fetchMinOnly(b *fixBundle, min int64) (*orch.Item, error) {
 }
 
 // describeFetch renders a fetch result and the queue/lock state it left,
-// with the token replaced by a placeholder and lease times left out.
+// with the token replaced by a placeholder and lease times and the clock
+// at return left out.
 func describeFetch(t *testing.T, b *fixBundle, item *orch.Item) string {
 	t.Helper()
 	if item == nil {
@@ -426,6 +427,7 @@ func describeFetch(t *testing.T, b *fixBundle, item *orch.Item) string {
 	}
 	token := item.LockToken
 	item.LockToken = "<token>"
+	item.DBReturnMs = 0
 	var state string
 	err := b.pool.QueryRow(context.Background(), fmt.Sprintf(`
 		SELECT coalesce(string_agg(format('%%s:%%s:%%s', instance_id, lock_token = $1, attempt_count), ',' ORDER BY id), '')
