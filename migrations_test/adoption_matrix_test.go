@@ -260,7 +260,7 @@ func runCell(t *testing.T, s startState, p procedure, want outcome) {
 		return
 	}
 	// The stale-timestamp probe: a fetch whose p_now_ms is 10 s stale.
-	probe, err := repro.Minimal(ctx, h.pool, db.Schema, want.goose, repro.MinimalConfig{Filter: orch.RuntimeFilter})
+	probe, err := repro.Minimal(ctx, h.pool, db.Schema, want.goose, repro.MinimalConfig{Filter: orch.RuntimeFilter()})
 	require.NoError(t, err)
 	require.True(t, probe.Fetched, "the probe's message was fetched")
 	if want.fetch == doctor.Fixed {

@@ -54,7 +54,7 @@ func ackInFlightOvertaken(t *testing.T, b *fixBundle) (overtaken bool, left int)
 	b.enqueue(t, instance)
 	const timeout = 2000
 	now := b.dbNow(t)
-	item, err := b.c.Fetch(ctx, b.pool, now, timeout, orch.RuntimeFilter)
+	item, err := b.c.Fetch(ctx, b.pool, now, timeout, orch.RuntimeFilter())
 	require.NoError(t, err)
 	require.NotNil(t, item)
 	require.Equal(t, instance, item.InstanceID)
@@ -82,7 +82,7 @@ func ackInFlightOvertaken(t *testing.T, b *fixBundle) (overtaken bool, left int)
 	waitUntilBlocked(t, b, ackerPID)
 
 	// A fetch whose clock is past the lease.
-	taken, err := b.c.Fetch(ctx, b.pool, lease.LockedUntilMs+1, timeout, orch.RuntimeFilter)
+	taken, err := b.c.Fetch(ctx, b.pool, lease.LockedUntilMs+1, timeout, orch.RuntimeFilter())
 	require.NoError(t, err)
 	require.NoError(t, tx.Rollback(ctx))
 	require.NoError(t, <-ackDone, "the ack passed its check and succeeds once unblocked")

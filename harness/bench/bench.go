@@ -50,8 +50,8 @@ const (
 	Migrate   = "migrate"
 )
 
-// Scenarios lists every scenario in the order a round runs them.
-var Scenarios = []string{Backlog, Hot, QueueOnly, Migrate}
+// AllScenarios lists every scenario in the order a round runs them.
+func AllScenarios() []string { return []string{Backlog, Hot, QueueOnly, Migrate} }
 
 // Config is a benchmark run. Zero fields take Defaults' values, except the
 // slices, which are taken as given when not nil.
@@ -61,7 +61,7 @@ type Config struct {
 	Rounds int `json:"rounds"`
 	// Duration is how long one cell runs, per version and round.
 	Duration time.Duration `json:"-"`
-	// Scenarios to run, from Scenarios.
+	// Scenarios to run, from AllScenarios.
 	Scenarios []string `json:"scenarios"`
 
 	BacklogInstances   int           `json:"backlog_instances"`
@@ -91,7 +91,7 @@ func Defaults() Config {
 	return Config{
 		Rounds:             3,
 		Duration:           2500 * time.Millisecond,
-		Scenarios:          append([]string(nil), Scenarios...),
+		Scenarios:          AllScenarios(),
 		BacklogInstances:   200,
 		BacklogHistory:     500,
 		BacklogDispatchers: []int{1, 4, 8, 16},
@@ -148,7 +148,7 @@ func (c Config) WithDefaults() Config {
 func (c Config) Validate() error {
 	for _, s := range c.Scenarios {
 		if !validScenario(s) {
-			return fmt.Errorf("bench: unknown scenario %q (have %s)", s, strings.Join(Scenarios, ", "))
+			return fmt.Errorf("bench: unknown scenario %q (have %s)", s, strings.Join(AllScenarios(), ", "))
 		}
 	}
 	for _, n := range append(append([]int(nil), c.BacklogDispatchers...), c.QueueDispatchers...) {
@@ -163,7 +163,7 @@ func (c Config) Validate() error {
 }
 
 func validScenario(s string) bool {
-	for _, k := range Scenarios {
+	for _, k := range AllScenarios() {
 		if s == k {
 			return true
 		}

@@ -47,7 +47,7 @@ func BenchmarkFetchUncontended(b *testing.B) {
 			timeout := time.Minute.Milliseconds()
 			b.ResetTimer()
 			for b.Loop() {
-				it, err := c.Fetch(ctx, conn, time.Now().UnixMilli(), timeout, orch.RuntimeFilter)
+				it, err := c.Fetch(ctx, conn, time.Now().UnixMilli(), timeout, orch.RuntimeFilter())
 				if err != nil || it == nil {
 					b.Fatalf("fetch: %v (row %v)", err, it != nil)
 				}

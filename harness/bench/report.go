@@ -189,7 +189,7 @@ func Markdown(r *Result, plot string) string {
 			s.QueueInstances, s.QueueLockTimeoutMs),
 		Migrate: "wall time of Up 0 -> 19 (v19 column) and 0 -> 20 (v20 column), each on a fresh database.",
 	}
-	for _, sc := range Scenarios {
+	for _, sc := range AllScenarios() {
 		var cells []*Cell
 		for i := range r.Cells {
 			if r.Cells[i].Scenario == sc {

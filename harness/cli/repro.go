@@ -227,7 +227,7 @@ func runMinimal(ctx context.Context, env *Env, setup *reproSetup, versions []int
 	defer conn.Close(ctx)
 	var results []repro.MinimalResult
 	for _, v := range versions {
-		res, err := repro.Minimal(ctx, conn, setup.schemas[v], v, repro.MinimalConfig{Filter: orch.RuntimeFilter})
+		res, err := repro.Minimal(ctx, conn, setup.schemas[v], v, repro.MinimalConfig{Filter: orch.RuntimeFilter()})
 		if err != nil {
 			return nil, false, fmt.Errorf("minimal repro at %d: %w", v, err)
 		}

@@ -309,7 +309,7 @@ func (d *dispatcher) fetch(ctx context.Context) (*fetched, error) {
 		var it *orch.Item
 		before, after, lat, err := d.call(func(now int64) error {
 			var err error
-			it, err = d.client.Fetch(ctx, d.conn, now, timeoutMs, orch.RuntimeFilter)
+			it, err = d.client.Fetch(ctx, d.conn, now, timeoutMs, orch.RuntimeFilter())
 			return err
 		})
 		ev := Event{Dispatcher: d.id, Kind: KindFetch, CallerBeforeMs: before, CallerAfterMs: after, LatencyUs: lat}
@@ -378,7 +378,7 @@ func (d *dispatcher) turn(ctx context.Context, it *fetched) {
 	// Runtime-side pinned-version check: abandon with 1 s delay.
 	if v := it.history.PinnedVersion; v != "" {
 		packed, ok := packVersion(v)
-		if ok && (packed < orch.RuntimeFilter.Min || packed > orch.RuntimeFilter.Max) {
+		if ok && (packed < orch.RuntimeFilter().Min || packed > orch.RuntimeFilter().Max) {
 			d.abandon(ctx, it, time.Second)
 			return
 		}

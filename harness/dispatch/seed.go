@@ -275,7 +275,7 @@ func MeasureFetch(ctx context.Context, dsn, schema string, n int) ([]time.Durati
 	var out []time.Duration
 	for i := 0; i <= n; i++ {
 		start := time.Now()
-		it, err := c.Fetch(ctx, conn, start.UnixMilli(), time.Minute.Milliseconds(), orch.RuntimeFilter)
+		it, err := c.Fetch(ctx, conn, start.UnixMilli(), time.Minute.Milliseconds(), orch.RuntimeFilter())
 		lat := time.Since(start)
 		if err != nil {
 			return nil, err

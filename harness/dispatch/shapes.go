@@ -9,7 +9,7 @@ import (
 
 // DuroxideVersion is the crate version the simulated runtime writes into
 // events and pins executions at (0.1.29 packs to 1029, the top of
-// orch.RuntimeFilter).
+// orch.RuntimeFilter()).
 const DuroxideVersion = "0.1.29"
 
 // EventName is the external event every simulated turn waits for and

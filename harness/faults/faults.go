@@ -547,7 +547,7 @@ func (w *worker) fetch(ctx context.Context) (*orch.Item, []string, error) {
 	w.phase.Store(phaseFetch)
 	start := time.Now()
 	before := w.now()
-	it, err := w.client.Fetch(ctx, w.conn, before, w.cfg.LockTimeout.Milliseconds(), orch.RuntimeFilter)
+	it, err := w.client.Fetch(ctx, w.conn, before, w.cfg.LockTimeout.Milliseconds(), orch.RuntimeFilter())
 	after := w.now()
 	w.phase.Store(phaseIdle)
 	ev := dispatch.Event{Dispatcher: w.id, Kind: dispatch.KindFetch, CallerBeforeMs: before, CallerAfterMs: after,

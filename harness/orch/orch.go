@@ -34,8 +34,9 @@ func New(schema string) Client { return Client{schema: pgx.Identifier{schema}.Sa
 // one (min 0, max its own version).
 type VersionRange struct{ Min, Max int64 }
 
-// RuntimeFilter is the filter a duroxide 0.1.29 runtime passes.
-var RuntimeFilter = &VersionRange{Min: 0, Max: 1029}
+// RuntimeFilter is the filter a duroxide 0.1.29 runtime passes (a new
+// value each call: no caller can change another's).
+func RuntimeFilter() *VersionRange { return &VersionRange{Min: 0, Max: 1029} }
 
 // Item is one row of fetch_orchestration_item.
 type Item struct {
