@@ -68,7 +68,7 @@ func commands() []command {
 		{"migrate", "apply or roll back migrations: migrate up|down|status|version [--to N] [--dsn DSN | --env NAME] [--schema S]", runMigrate},
 		{"db", "throwaway database: db start [--backend auto|local|dsn|docker]", runDB},
 		{"baseline", "adopt a database made by duroxide-pg's own runner: baseline [--dsn DSN | --env NAME] [--schema S] [--dry-run] [--force]", runBaseline},
-		{"doctor", "health check, exit 0 ok / 1 warning / 2 critical / 64 bad input: doctor [--dsn DSN | --env NAME] [--schema S] [--json] [--max-attempts 10] [--reset-attempts INSTANCE... [--apply]]", runDoctor},
+		{"doctor", "health check, exit 0 ok / 1 warning / 2 critical / 64 bad input: doctor [--dsn DSN | --env NAME] [--schema S] [--format text|json|prometheus] [--watch 5s] [--max-attempts 10] [--reset-attempts INSTANCE... [--apply]]", runDoctor},
 		{"bench", benchSummary, runBench},
 		{"soak", "fault-injection soak, exit 1 on any invariant violation: soak [--duration 5m] [--round 20s] [--dsn DSN] [--version N] [--seed N] [--no-restart] [--json FILE]", runSoak},
 		{"repro", "show the bug before the pack's fetch fix and the fix: repro [minimal|organic|all] [--versions BUG,FIX] [--json FILE] [--report DIR] [--dsn DSN]", runRepro},

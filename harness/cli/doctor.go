@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/duroxide-pg/migrations/harness/doctor"
 )
@@ -18,10 +19,12 @@ func runDoctor(ctx context.Context, env *Env, args []string) error {
 	fs := newFlags(env, "doctor")
 	var t target
 	t.register(fs)
-	asJSON := fs.Bool("json", false, "print the report as JSON (for monitoring)")
+	format := fs.String("format", "text", "output: text, json, or prometheus (the text exposition format, for node_exporter's textfile collector)")
+	asJSONFlag := fs.Bool("json", false, "the same as --format json")
 	maxAttempts := fs.Int("max-attempts", 10, "report orchestrator messages fetched more than this many times")
 	reset := fs.Bool("reset-attempts", false, "set attempt_count = 0 on every orchestrator message of the INSTANCE arguments (dry run unless --apply)")
 	apply := fs.Bool("apply", false, "with --reset-attempts: really reset")
+	watch := fs.Duration("watch", 0, "check again every INTERVAL (e.g. 5s) until Ctrl-C, on one line that updates in place")
 	pos, err := parse(fs, args)
 	if err != nil {
 		return err
@@ -35,6 +38,31 @@ func runDoctor(ctx context.Context, env *Env, args []string) error {
 		return usagef("--apply only goes with --reset-attempts")
 	case *maxAttempts < 1:
 		return usagef("--max-attempts must be at least 1, got %d", *maxAttempts)
+	case *format != "text" && *format != "json" && *format != "prometheus":
+		return usagef("--format %q: use text, json or prometheus", *format)
+	case *asJSONFlag && *format == "prometheus":
+		return usagef("--json and --format prometheus: choose one")
+	case *reset && *format == "prometheus":
+		return usagef("--format prometheus does not go with --reset-attempts")
+	case *watch < 0 || (*watch > 0 && *watch < 100*time.Millisecond):
+		return usagef("--watch %v: give an interval of at least 100ms, e.g. --watch 5s", *watch)
+	case *watch > 0 && (*format != "text" || *asJSONFlag || *reset):
+		return usagef("--watch prints one line for a shell: it does not go with --format, --json or --reset-attempts")
+	}
+	if *asJSONFlag {
+		*format = "json"
+	}
+	asJSON := *format == "json"
+	// unavailable reports a database doctor could not check: critical, in
+	// the output format asked for.
+	unavailable := func(msg string) error {
+		switch *format {
+		case "json":
+			_ = json.NewEncoder(env.Stdout).Encode(map[string]string{"schema": t.schema, "status": doctor.Critical, "error": msg})
+		case "prometheus":
+			_ = (&doctor.Report{Schema: t.schema, Status: doctor.Critical}).WritePrometheus(env.Stdout)
+		}
+		return exitError{code: ExitCritical, msg: msg}
 	}
 	if err := t.resolve(); err != nil {
 		return err
@@ -42,10 +70,7 @@ func runDoctor(ctx context.Context, env *Env, args []string) error {
 	db, err := t.connect(ctx)
 	var unreachable unreachableError
 	if errors.As(err, &unreachable) {
-		if *asJSON {
-			_ = json.NewEncoder(env.Stdout).Encode(map[string]string{"schema": t.schema, "status": doctor.Critical, "error": unreachable.Error()})
-		}
-		return exitError{code: ExitCritical, msg: "doctor: critical: " + unreachable.Error()}
+		return unavailable("doctor: critical: " + unreachable.Error())
 	}
 	if err != nil {
 		return err
@@ -58,7 +83,7 @@ func runDoctor(ctx context.Context, env *Env, args []string) error {
 			return failure{msg: "doctor: reset attempts: " + pgErrText(err)}
 		}
 		fns, _ := doctor.Functions(ctx, db, t.schema)
-		if *asJSON {
+		if asJSON {
 			enc := json.NewEncoder(env.Stdout)
 			enc.SetIndent("", "  ")
 			return enc.Encode(map[string]any{"applied": *apply, "instances": rows, "missing": missing})
@@ -87,24 +112,33 @@ func runDoctor(ctx context.Context, env *Env, args []string) error {
 		return nil
 	}
 
-	rep, err := doctor.Check(ctx, db, doctor.Options{Schema: t.schema, VersionTable: t.cfg.VersionTable, MaxAttempts: *maxAttempts})
-	if err != nil {
-		msg := "doctor: cannot check schema " + t.schema + ": " + pgErrText(err)
-		if *asJSON {
-			enc := json.NewEncoder(env.Stdout)
-			_ = enc.Encode(map[string]string{"schema": t.schema, "status": doctor.Critical, "error": msg})
-		}
-		return exitError{code: ExitCritical, msg: msg}
+	opts := doctor.Options{Schema: t.schema, VersionTable: t.cfg.VersionTable, MaxAttempts: *maxAttempts}
+	if *watch > 0 {
+		return watchDoctor(ctx, env, db, opts, *watch)
 	}
-	if *asJSON {
+	rep, err := doctor.Check(ctx, db, opts)
+	if err != nil {
+		return unavailable("doctor: cannot check schema " + t.schema + ": " + pgErrText(err))
+	}
+	switch *format {
+	case "json":
 		enc := json.NewEncoder(env.Stdout)
 		enc.SetIndent("", "  ")
 		if err := enc.Encode(rep); err != nil {
 			return err
 		}
-	} else {
+	case "prometheus":
+		if err := rep.WritePrometheus(env.Stdout); err != nil {
+			return err
+		}
+	default:
 		rep.Render(env.Stdout)
 	}
+	return verdict(rep)
+}
+
+// verdict is the error (and so the exit code) of a doctor report.
+func verdict(rep *doctor.Report) error {
 	switch rep.Status {
 	case doctor.Critical:
 		return exitError{code: ExitCritical, msg: "doctor: critical: " + worst(rep, doctor.Critical)}
@@ -112,6 +146,61 @@ func runDoctor(ctx context.Context, env *Env, args []string) error {
 		return failure{msg: "doctor: warning: " + worst(rep, doctor.Warning)}
 	}
 	return nil
+}
+
+// watchDoctor checks every interval until ctx ends (Ctrl-C), rewriting one
+// line: the time, the status, and what changed it. It ends with a newline
+// and the exit code of the last check.
+func watchDoctor(ctx context.Context, env *Env, db doctor.Querier, opts doctor.Options, interval time.Duration) error {
+	var last *doctor.Report
+	for checks := 1; ; checks++ {
+		rep, err := doctor.Check(ctx, db, opts)
+		if ctx.Err() != nil {
+			break
+		}
+		line := ""
+		if err != nil {
+			rep = &doctor.Report{Schema: opts.Schema, Status: doctor.Critical}
+			line = "cannot check: " + oneLine(pgErrText(err))
+		} else {
+			line = watchLine(rep)
+		}
+		last = rep
+		fmt.Fprintf(env.Stdout, "\r%s  %s  %s  (check %d, every %v; Ctrl-C to stop)\033[K",
+			time.Now().Format("15:04:05"), strings.ToUpper(rep.Status), line, checks, interval)
+		select {
+		case <-ctx.Done():
+		case <-time.After(interval):
+			continue
+		}
+		break
+	}
+	fmt.Fprintln(env.Stdout)
+	if last == nil {
+		return nil
+	}
+	return verdict(last)
+}
+
+// watchLine is a report on one line: what is not ok, or the figures.
+func watchLine(rep *doctor.Report) string {
+	var bad []string
+	for _, f := range rep.Findings {
+		if f.Severity != doctor.OK {
+			bad = append(bad, f.Check)
+		}
+	}
+	fixed := 0
+	for _, f := range rep.Functions {
+		if f.Verdict == doctor.Fixed {
+			fixed++
+		}
+	}
+	s := fmt.Sprintf("fixed %d/%d, max attempt_count %d, trapped %d, skew %+d ms", fixed, len(rep.Functions), rep.MaxAttemptCount, rep.TrappedMessages, rep.ClockSkewMs)
+	if len(bad) > 0 {
+		s = "check " + strings.Join(bad, ", ") + "; " + s
+	}
+	return s
 }
 
 func worst(rep *doctor.Report, sev string) string {

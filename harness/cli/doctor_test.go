@@ -1,9 +1,13 @@
 package cli
 
 import (
+	"bytes"
+	"context"
 	"encoding/json"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -88,4 +92,77 @@ func TestDoctorExitCodesTellACriticalDatabaseFromABrokenCheck(t *testing.T) {
 	code, _, errOut = runCmd(t, runDoctor, "--dsn", "postgres://u@%zz/db")
 	require.Equal(t, ExitUsage, code, "a malformed DSN is bad input: %s", errOut)
 	require.NotEqual(t, ExitCritical, ExitUsage, "monitoring can tell them apart")
+}
+
+func TestDoctorWritesPrometheusTextForTheTextfileCollector(t *testing.T) {
+	t.Parallel()
+	latest := dbs.New(t, migrations.Latest())
+	code, out, errOut := runCmd(t, runDoctor, "--dsn", latest.DSN, "--schema", latest.Schema, "--format", "prometheus")
+	require.Equal(t, ExitOK, code, errOut)
+	require.Contains(t, out, "# TYPE duroxide_doctor_status gauge\n")
+	require.Contains(t, out, `duroxide_doctor_status{schema="duroxide"} 0`)
+	for _, m := range migrations.Fixes() {
+		for _, fn := range m.Fixes {
+			require.Contains(t, out, `duroxide_doctor_function_fixed{schema="duroxide",function="`+fn+`",fixed_by="`+m.File+`",verdict="fixed"} 1`)
+		}
+	}
+	require.Contains(t, out, `duroxide_doctor_max_attempt_count{schema="duroxide"} 0`)
+
+	d19 := dbs.New(t, 19)
+	code, out, _ = runCmd(t, runDoctor, "--dsn", d19.DSN, "--schema", d19.Schema, "--format", "prometheus")
+	require.Equal(t, ExitFailure, code, "a warning exits 1 in every format")
+	require.Contains(t, out, `duroxide_doctor_status{schema="duroxide"} 1`)
+	require.Contains(t, out, `duroxide_doctor_check{schema="duroxide",check="fetch_orchestration_item"} 1`)
+
+	code, out, _ = runCmd(t, runDoctor, "--format", "prometheus", "--dsn", "postgres://u@127.0.0.1:1/db?connect_timeout=2")
+	require.Equal(t, ExitCritical, code)
+	require.Contains(t, out, `duroxide_doctor_status{schema="duroxide"} 2`, "an unreachable database still writes a status for the alert")
+
+	code, _, errOut = runCmd(t, runDoctor, "--format", "yaml", "--dsn", latest.DSN)
+	require.Equal(t, ExitUsage, code, errOut)
+}
+
+func TestDoctorWatchRewritesOneLineUntilStopped(t *testing.T) {
+	t.Parallel()
+	latest := dbs.New(t, migrations.Latest())
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var out, errOut syncBuffer
+	env := &Env{Stdout: &out, Stderr: &errOut}
+	done := make(chan int)
+	go func() {
+		done <- report(env, runDoctor(ctx, env, []string{"--dsn", latest.DSN, "--schema", latest.Schema, "--watch", "100ms"}))
+	}()
+	require.Eventually(t, func() bool { return strings.Contains(out.String(), "(check 3,") }, 20*time.Second, 20*time.Millisecond,
+		"three checks, one per interval")
+	cancel() // Ctrl-C
+	require.Equal(t, ExitOK, <-done, errOut.String())
+	got := out.String()
+	require.True(t, strings.HasSuffix(got, "\n"), "the line is ended when it stops")
+	require.Zero(t, strings.Count(strings.TrimSuffix(got, "\n"), "\n"), "one line, rewritten in place: %q", got)
+	require.GreaterOrEqual(t, strings.Count(got, "\r"), 3)
+	require.Contains(t, got, "OK  fixed 2/2, max attempt_count 0, trapped 0")
+
+	for _, args := range [][]string{{"--watch", "10ms"}, {"--watch", "1s", "--json"}, {"--watch", "1s", "--format", "prometheus"}} {
+		code, _, errOut := runCmd(t, runDoctor, append(args, "--dsn", latest.DSN)...)
+		require.Equal(t, ExitUsage, code, "%v: %s", args, errOut)
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for one writer and one reader.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

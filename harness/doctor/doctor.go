@@ -79,7 +79,12 @@ type Report struct {
 	OrphanLocks   []Lease         `json:"locks_without_messages"`
 	ClockSkewMs   int64           `json:"clock_skew_ms"`
 	MaxAttempts   int             `json:"max_attempts"`
-	Findings      []Finding       `json:"findings"`
+	// MaxAttemptCount is the highest attempt_count of any orchestrator
+	// message; TrappedMessages counts the messages above MaxAttempts (over
+	// every instance, not only the ones listed in Trapped).
+	MaxAttemptCount int64     `json:"max_attempt_count"`
+	TrappedMessages int64     `json:"trapped_message_count"`
+	Findings        []Finding `json:"findings"`
 }
 
 // Verdicts of a FunctionCheck.
@@ -387,6 +392,10 @@ ORDER BY max(attempt_count) DESC, instance_id`, opts.MaxAttempts)
 	rows.Close()
 	if err := rows.Err(); err != nil {
 		return err
+	}
+	r.TrappedMessages = msgs
+	if err := q.QueryRowContext(ctx, `SELECT coalesce(max(attempt_count), 0) FROM `+qual("orchestrator_queue")).Scan(&r.MaxAttemptCount); err != nil {
+		return fmt.Errorf("read orchestrator_queue: %w", err)
 	}
 	if len(r.Trapped) > 0 {
 		add(Warning, "trapped", fmt.Sprintf("%d message(s) of %d instance(s) were fetched more than %d times (worst: %s, %d attempts)",
