@@ -67,6 +67,7 @@ func commands() []command {
 	return []command{
 		{"migrate", "apply or roll back migrations: migrate up|down|status|version [--to N] [--dsn DSN | --env NAME] [--schema S]", runMigrate},
 		{"db", "throwaway database: db start [--backend auto|local|dsn|docker]", runDB},
+		{"sql", "print the SQL migrate would run, for review and psql: sql up|down [--to N] [--dsn DSN | --env NAME] [--schema S] [-o FILE]", runSQL},
 		{"baseline", "adopt a database made by duroxide-pg's own runner: baseline [--dsn DSN | --env NAME] [--schema S] [--dry-run] [--force]", runBaseline},
 		{"doctor", "health check, exit 0 ok / 1 warning / 2 critical / 64 bad input: doctor [--dsn DSN | --env NAME] [--schema S] [--format text|json|prometheus] [--watch 5s] [--max-attempts 10] [--reset-attempts INSTANCE... [--apply]]", runDoctor},
 		{"bench", benchSummary, runBench},

@@ -109,3 +109,26 @@ func TestEnvironmentFromGooseYAML(t *testing.T) {
 	require.Equal(t, ExitOK, code, errOut)
 	require.Contains(t, out, "now at version 3 (schema fromfile)")
 }
+
+func TestSQLWritesAScriptAndRefusesBadInput(t *testing.T) {
+	srv := startServer(t)
+	dsn := srv.DSN("postgres")
+	file := filepath.Join(t.TempDir(), "up.sql")
+	code, _, errOut := run(t, "sql", "up", "--dsn", dsn, "--schema", "scripted", "--to", "21", "-o", file)
+	require.Equal(t, ExitOK, code, errOut)
+	require.Contains(t, errOut, "21 migration(s), goose version 0 -> 21 of schema scripted")
+	text, err := os.ReadFile(file)
+	require.NoError(t, err)
+	require.Contains(t, string(text), "-- ==== 0021_ack_locks_its_lease.sql (Up) ====")
+	require.NotContains(t, string(text), "0022_", "nothing past --to")
+
+	for _, args := range [][]string{
+		{"sql", "--dsn", dsn},
+		{"sql", "down", "--dsn", dsn},
+		{"sql", "up", "--dsn", dsn, "--to", fmt.Sprint(migrations.Latest() + 1)},
+		{"sql", "sideways", "--dsn", dsn},
+	} {
+		code, _, errOut := run(t, args...)
+		require.Equal(t, ExitUsage, code, "%v: %s", args, errOut)
+	}
+}

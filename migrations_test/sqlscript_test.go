@@ -1,0 +1,159 @@
+package migrations_test
+
+import (
+	"bytes"
+	"context"
+	"database/sql"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/duroxide-pg/migrations/harness/baseline"
+	"github.com/duroxide-pg/migrations/harness/catalog"
+	"github.com/duroxide-pg/migrations/harness/migrate"
+	"github.com/duroxide-pg/migrations/harness/sqlscript"
+	"github.com/duroxide-pg/migrations/harness/testdb"
+	migrations "github.com/duroxide-pg/migrations/sql"
+)
+
+// psqlPath finds a psql client: PG_BIN, PATH, then Debian's versioned
+// directories. t is skipped, with the reason, when there is none.
+func psqlPath(t *testing.T) string {
+	t.Helper()
+	if dir := os.Getenv("PG_BIN"); dir != "" {
+		if p := filepath.Join(dir, "psql"); fileExists(p) {
+			return p
+		}
+	}
+	if p, err := exec.LookPath("psql"); err == nil {
+		return p
+	}
+	found, _ := filepath.Glob("/usr/lib/postgresql/*/bin/psql")
+	if len(found) > 0 {
+		slices.Sort(found)
+		return found[len(found)-1]
+	}
+	t.Skip("no psql client (PG_BIN, PATH, /usr/lib/postgresql/*/bin): the script cannot be run here")
+	return ""
+}
+
+func fileExists(p string) bool { st, err := os.Stat(p); return err == nil && !st.IsDir() }
+
+// openSQL is a database/sql handle on db.
+func openSQL(t *testing.T, db *testdb.Database) *sql.DB {
+	t.Helper()
+	conn, err := sql.Open("pgx", db.DSN)
+	require.NoError(t, err)
+	t.Cleanup(func() { conn.Close() })
+	return conn
+}
+
+// script writes the script `harness sql` would print for db.
+func script(t *testing.T, db *testdb.Database, down bool, to int64) string {
+	t.Helper()
+	plan, err := sqlscript.Read(context.Background(), openSQL(t, db), sqlscript.Options{Schema: db.Schema, Down: down, Target: to})
+	require.NoError(t, err)
+	var b bytes.Buffer
+	require.NoError(t, sqlscript.Write(&b, plan, ""))
+	return b.String()
+}
+
+// runPsql runs text with psql in one transaction, as the script's header
+// says to, and returns psql's error and output.
+func runPsql(t *testing.T, db *testdb.Database, text string) (string, error) {
+	t.Helper()
+	file := filepath.Join(t.TempDir(), "migrate.sql")
+	require.NoError(t, os.WriteFile(file, []byte(text), 0o644))
+	out, err := exec.Command(psqlPath(t), "-X", "-q", "-v", "ON_ERROR_STOP=1", "--single-transaction", "-f", file, db.DSN).CombinedOutput()
+	return string(out), err
+}
+
+// endState is what must be equal after the script and after the harness:
+// the catalog, every function body, goose's versions and
+// _duroxide_migrations' rows.
+func endState(t *testing.T, db *testdb.Database) string {
+	t.Helper()
+	ctx := context.Background()
+	conn := openSQL(t, db)
+	cat, err := catalog.Take(ctx, conn, db.Schema)
+	require.NoError(t, err)
+	bodies, err := catalog.Bodies(ctx, conn, db.Schema)
+	require.NoError(t, err)
+	var goose, upstream string
+	require.NoError(t, conn.QueryRowContext(ctx, `SELECT coalesce(string_agg(version_id::text || ':' || is_applied::text, ',' ORDER BY id), '')
+		FROM `+db.Qualify(migrate.VersionTable)).Scan(&goose))
+	require.NoError(t, conn.QueryRowContext(ctx, `SELECT coalesce(string_agg(version::text || ':' || name, ',' ORDER BY version), '')
+		FROM `+db.Qualify("_duroxide_migrations")).Scan(&upstream))
+	b, err := json.MarshalIndent(map[string]any{"catalog": json.RawMessage(cat), "bodies": bodies, "goose": goose, "duroxide_migrations": upstream}, "", " ")
+	require.NoError(t, err)
+	return string(b)
+}
+
+// TestSQLScriptEndsWhereMigrateEnds: the script `harness sql` writes, run
+// with psql in one transaction, leaves the schema exactly as `harness
+// migrate` does (catalog, bodies, goose's and duroxide-pg's rows).
+func TestSQLScriptEndsWhereMigrateEnds(t *testing.T) {
+	t.Parallel()
+	latest := migrations.Latest()
+	for _, c := range []struct {
+		name     string
+		from     int64
+		down     bool
+		to, want int64
+	}{
+		{"fresh database, up to the latest", 0, false, 0, latest},
+		{"pack 19, up to 21 (the fixes only)", 19, false, 21, 21},
+		{"pack 21, up to the latest", 21, false, 0, latest},
+		{"the latest, down to 19", latest, true, 19, 19},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			db := dbs.New(t, c.from)
+			out, err := runPsql(t, db, script(t, db, c.down, c.to))
+			require.NoError(t, err, out)
+			require.Equal(t, endState(t, dbs.New(t, c.want)), endState(t, db))
+		})
+	}
+}
+
+// TestSQLScriptAdoptsARealProviderDatabaseLikeMigrate: on a database the
+// real duroxide-pg provider made and baseline adopted, the script's
+// guarded fixes and re-applying ports end where `migrate up` ends.
+func TestSQLScriptAdoptsARealProviderDatabaseLikeMigrate(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	byScript, byHarness := dbs.RealProvider(t), dbs.RealProvider(t)
+	_, err := sqlscript.Read(ctx, openSQL(t, byScript), sqlscript.Options{Schema: byScript.Schema})
+	require.ErrorIs(t, err, migrate.ErrNeedsBaseline, "not baselined: no script, like migrate")
+	for _, db := range []*testdb.Database{byScript, byHarness} {
+		_, err := baseline.Run(ctx, openSQL(t, db), baseline.Options{Schema: db.Schema})
+		require.NoError(t, err)
+	}
+	text := script(t, byScript, false, 0)
+	require.Contains(t, text, "DO $guard$", "the fixes' guards are in the script")
+	out, err := runPsql(t, byScript, text)
+	require.NoError(t, err, out)
+	require.NoError(t, migrate.To(ctx, byHarness.DSN, byHarness.Schema, migrations.Latest()))
+	require.Equal(t, endState(t, byHarness), endState(t, byScript))
+}
+
+// TestSQLScriptRefusesADatabaseThatMoved: a script written at one version
+// and run after the schema moved changes nothing.
+func TestSQLScriptRefusesADatabaseThatMoved(t *testing.T) {
+	t.Parallel()
+	db := dbs.New(t, 19)
+	text := script(t, db, false, 0)
+	require.NoError(t, migrate.To(context.Background(), db.DSN, db.Schema, 20))
+	before := endState(t, db)
+	out, err := runPsql(t, db, text)
+	require.Error(t, err)
+	require.Contains(t, out, "is at goose version 20, not 19 as when this script was written; nothing was changed")
+	require.Equal(t, before, endState(t, db))
+	require.True(t, strings.Contains(text, "pg_advisory_xact_lock("), "it takes the runner's lock")
+}
