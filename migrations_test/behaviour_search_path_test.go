@@ -14,14 +14,13 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/duroxide-pg/migrations/harness/migrate"
 	migrations "github.com/duroxide-pg/migrations/sql"
 )
 
 // At 19 and at the pack's latest version (the fixes keep the property).
 func TestFunctionsIgnoreTheCallersSearchPath(t *testing.T) {
 	t.Parallel()
-	for _, version := range []int64{19, migrate.PackLatest()} {
+	for _, version := range []int64{19, migrations.Latest()} {
 		t.Run(fmt.Sprintf("at version %d", version), func(t *testing.T) {
 			testFunctionsIgnoreTheCallersSearchPath(t, version)
 		})

@@ -252,7 +252,7 @@ func TestRefusesAnExistingGooseTableUnlessForced(t *testing.T) {
 	require.Equal(t, int64(19), gooseVersion(t, d))
 	_, err = d.Runner(t).Up(ctx)
 	require.NoError(t, err)
-	require.Equal(t, migrate.PackLatest(), gooseVersion(t, d))
+	require.Equal(t, migrations.Latest(), gooseVersion(t, d))
 }
 
 func TestDryRunChangesNothing(t *testing.T) {

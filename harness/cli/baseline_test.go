@@ -9,9 +9,9 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/duroxide-pg/migrations/harness/migrate"
 	"github.com/duroxide-pg/migrations/harness/pgtest"
 	"github.com/duroxide-pg/migrations/harness/testdb"
+	migrations "github.com/duroxide-pg/migrations/sql"
 )
 
 // dbs hands the baseline and doctor tests databases at a version, on one
@@ -60,7 +60,7 @@ func TestBaselineCommand(t *testing.T) {
 
 	code, out, errOut = run(t, "migrate", "up", "--dsn", d.DSN, "--schema", d.Schema)
 	require.Equal(t, ExitOK, code, errOut)
-	require.Contains(t, out, fmt.Sprintf("now at version %d", migrate.PackLatest()))
+	require.Contains(t, out, fmt.Sprintf("now at version %d", migrations.Latest()))
 }
 
 func TestBaselineCommandRefusals(t *testing.T) {

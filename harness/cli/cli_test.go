@@ -13,7 +13,6 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/duroxide-pg/migrations/harness/migrate"
 	"github.com/duroxide-pg/migrations/harness/pgtest"
 	migrations "github.com/duroxide-pg/migrations/sql"
 )
@@ -52,7 +51,7 @@ func TestMigrateUpThenVersionAndStatus(t *testing.T) {
 	require.Equal(t, ExitOK, code)
 	code, out, _ = run(t, "migrate", "version", "--dsn", dsn, "--schema", "s")
 	require.Equal(t, ExitOK, code)
-	latest := migrate.PackLatest()
+	latest := migrations.Latest()
 	require.Equal(t, fmt.Sprintf("%d\n", latest), out, "version prints the newest version")
 
 	code, out, _ = run(t, "migrate", "status", "--dsn", dsn, "--schema", "s")

@@ -13,6 +13,7 @@ import (
 	"github.com/duroxide-pg/migrations/harness/invariant"
 	"github.com/duroxide-pg/migrations/harness/migrate"
 	"github.com/duroxide-pg/migrations/harness/pgtest"
+	migrations "github.com/duroxide-pg/migrations/sql"
 )
 
 // soakSummary is what soak prints and --json writes.
@@ -57,7 +58,7 @@ func runSoak(ctx context.Context, env *Env, args []string) error {
 	if err != nil {
 		return err
 	}
-	latest := migrate.PackLatest()
+	latest := migrations.Latest()
 	switch {
 	case len(pos) > 0:
 		return usagef("soak takes no arguments, got %q (run `harness soak -h`)", pos[0])

@@ -4,9 +4,9 @@ import (
 	"os"
 	"testing"
 
-	"github.com/duroxide-pg/migrations/harness/migrate"
 	"github.com/duroxide-pg/migrations/harness/pgtest"
 	"github.com/duroxide-pg/migrations/harness/testdb"
+	migrations "github.com/duroxide-pg/migrations/sql"
 )
 
 // dbs hands out per-test databases on the one server this test binary uses.
@@ -16,7 +16,7 @@ var dbs *testdb.Pool
 // latest, which must keep every invariant.
 const bugVersion = 19
 
-var latest = migrate.PackLatest()
+var latest = migrations.Latest()
 
 func TestMain(m *testing.M) {
 	os.Exit(testdb.RunTests(m, func(srv *pgtest.Server) {

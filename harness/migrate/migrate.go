@@ -12,8 +12,6 @@ import (
 	"fmt"
 	"hash/fnv"
 	"io/fs"
-	"strconv"
-	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/stdlib"
@@ -236,19 +234,6 @@ func wrapErr(op string, err error) error {
 			op, partial.Failed.Source.Path, partial.Err)
 	}
 	return fmt.Errorf("migrate %s: %w", op, err)
-}
-
-// PackLatest is the newest version among the pack's embedded migrations.
-func PackLatest() int64 {
-	entries, _ := fs.ReadDir(migrations.FS, ".")
-	var latest int64
-	for _, e := range entries {
-		num, _, ok := strings.Cut(e.Name(), "_")
-		if v, err := strconv.ParseInt(num, 10, 64); ok && err == nil && strings.HasSuffix(e.Name(), ".sql") {
-			latest = max(latest, v)
-		}
-	}
-	return latest
 }
 
 // To opens a runner on dsn, migrates schema up to version and closes it:
