@@ -6,9 +6,6 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/stdlib"
-
 	"github.com/duroxide-pg/migrations/harness/baseline"
 	"github.com/duroxide-pg/migrations/harness/migrate"
 	"github.com/duroxide-pg/migrations/harness/pgtest"
@@ -37,6 +34,13 @@ func runBaseline(ctx context.Context, env *Env, args []string) error {
 		return err
 	}
 	defer db.Close()
+	if !*dryRun {
+		// baseline writes goose's table: it must belong to the owner of the
+		// rest, as what migrate up creates later will.
+		if err := migrate.CheckOwner(ctx, db, t.schema); err != nil {
+			return failure{msg: "baseline refused: " + err.Error()}
+		}
+	}
 	res, err := baseline.Run(ctx, db, baseline.Options{
 		Schema:       t.schema,
 		VersionTable: t.cfg.VersionTable,
@@ -79,12 +83,10 @@ func runBaseline(ctx context.Context, env *Env, args []string) error {
 // connect opens a pool on t's database with search_path = the target
 // schema, without creating anything; connection failures are bad input.
 func (t *target) connect(ctx context.Context) (*sql.DB, error) {
-	cfg, err := pgx.ParseConfig(t.dsn)
+	db, err := migrate.OpenDB(t.dsn, t.schema, t.role)
 	if err != nil {
 		return nil, usagef("bad DSN %s: %v", pgtest.Redact(t.dsn), oneLine(err.Error()))
 	}
-	cfg.RuntimeParams["search_path"] = migrate.SearchPath(t.schema)
-	db := stdlib.OpenDB(*cfg)
 	if err := db.PingContext(ctx); err != nil {
 		db.Close()
 		return nil, unreachableError{usageError{fmt.Sprintf("cannot use %s: %s; check the DSN and that the server runs", pgtest.Redact(t.dsn), oneLine(pgErrText(err)))}}

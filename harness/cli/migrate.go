@@ -17,8 +17,8 @@ import (
 // target is where a command acts: a DSN and a schema, from flags or
 // goose.yaml.
 type target struct {
-	configPath, dsn, env, schema string
-	cfg                          *config.Config
+	configPath, dsn, env, schema, role string
+	cfg                                *config.Config
 }
 
 func (t *target) register(fs interface {
@@ -28,6 +28,7 @@ func (t *target) register(fs interface {
 	fs.StringVar(&t.dsn, "dsn", "", "PostgreSQL DSN (postgres://user:pass@host:port/db)")
 	fs.StringVar(&t.env, "env", "", "environment name from goose.yaml instead of --dsn")
 	fs.StringVar(&t.schema, "schema", "", "target schema (default from goose.yaml, else duroxide)")
+	fs.StringVar(&t.role, "role", "", "act as this role (SET ROLE) on every connection: the owner of the schema's objects")
 }
 
 // resolve fills dsn and schema, checking the DSN parses.
@@ -68,6 +69,7 @@ func (t *target) open(ctx context.Context, verbose bool) (*migrate.Runner, error
 		FS:           t.cfg.MigrationsFS(),
 		VersionTable: t.cfg.VersionTable,
 		Verbose:      verbose,
+		Role:         t.role,
 	})
 	if errors.Is(err, migrate.ErrNeedsBaseline) {
 		return nil, usagef("%v", err)

@@ -14,7 +14,6 @@ import (
 	"io/fs"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
 	"github.com/pressly/goose/v3/lock"
 
@@ -45,6 +44,9 @@ type Options struct {
 	VersionTable string
 	// Verbose makes goose log each migration it applies.
 	Verbose bool
+	// Role, when not empty, is the role the migrations run as (SET ROLE on
+	// every connection): the owner of the schema's objects.
+	Role string
 }
 
 // ErrNoSuchVersion is returned for a target version the pack does not have.
@@ -68,12 +70,10 @@ func Open(ctx context.Context, dsn string, opts Options) (*Runner, error) {
 	if opts.VersionTable == "" {
 		opts.VersionTable = VersionTable
 	}
-	cfg, err := pgx.ParseConfig(dsn)
+	db, err := OpenDB(dsn, opts.Schema, opts.Role)
 	if err != nil {
-		return nil, fmt.Errorf("parse DSN: %w", err)
+		return nil, err
 	}
-	cfg.RuntimeParams["search_path"] = SearchPath(opts.Schema)
-	db := stdlib.OpenDB(*cfg)
 	ok := false
 	defer func() {
 		if !ok {
@@ -86,8 +86,17 @@ func Open(ctx context.Context, dsn string, opts Options) (*Runner, error) {
 	if err := checkAdopted(ctx, db, opts.Schema, opts.VersionTable); err != nil {
 		return nil, err
 	}
-	if _, err := db.ExecContext(ctx, "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{opts.Schema}.Sanitize()); err != nil {
-		return nil, fmt.Errorf("create schema %s: %w", opts.Schema, err)
+	// Only a missing schema is created: CREATE SCHEMA IF NOT EXISTS needs
+	// the CREATE right on the database even when the schema exists, which
+	// a schema owner does not always have.
+	var exists bool
+	if err := db.QueryRowContext(ctx, "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)", opts.Schema).Scan(&exists); err != nil {
+		return nil, fmt.Errorf("look for schema %s: %w", opts.Schema, err)
+	}
+	if !exists {
+		if _, err := db.ExecContext(ctx, "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{opts.Schema}.Sanitize()); err != nil {
+			return nil, fmt.Errorf("create schema %s: %w", opts.Schema, err)
+		}
 	}
 	locker, err := lock.NewPostgresSessionLocker(
 		lock.WithLockID(LockID(opts.Schema)),
@@ -108,6 +117,11 @@ func Open(ctx context.Context, dsn string, opts Options) (*Runner, error) {
 	}
 	ok = true
 	return &Runner{db: db, provider: provider, schema: opts.Schema}, nil
+}
+
+// checkOwner is CheckOwner on the runner's schema, before any change.
+func (r *Runner) checkOwner(ctx context.Context) error {
+	return CheckOwner(ctx, r.db, r.schema)
 }
 
 // checkAdopted refuses a schema that has duroxide-pg's bookkeeping table but
@@ -155,12 +169,18 @@ func (r *Runner) Close() error { return r.provider.Close() }
 
 // Up applies every pending migration.
 func (r *Runner) Up(ctx context.Context) ([]*goose.MigrationResult, error) {
+	if err := r.checkOwner(ctx); err != nil {
+		return nil, err
+	}
 	res, err := r.provider.Up(ctx)
 	return res, wrapErr("up", err)
 }
 
 // UpTo applies pending migrations up to and including version.
 func (r *Runner) UpTo(ctx context.Context, version int64) ([]*goose.MigrationResult, error) {
+	if err := r.checkOwner(ctx); err != nil {
+		return nil, err
+	}
 	if err := r.checkVersion(version); err != nil {
 		return nil, err
 	}
@@ -170,12 +190,18 @@ func (r *Runner) UpTo(ctx context.Context, version int64) ([]*goose.MigrationRes
 
 // Down rolls back the newest applied migration.
 func (r *Runner) Down(ctx context.Context) (*goose.MigrationResult, error) {
+	if err := r.checkOwner(ctx); err != nil {
+		return nil, err
+	}
 	res, err := r.provider.Down(ctx)
 	return res, wrapErr("down", err)
 }
 
 // DownTo rolls back every migration newer than version (0 rolls back all).
 func (r *Runner) DownTo(ctx context.Context, version int64) ([]*goose.MigrationResult, error) {
+	if err := r.checkOwner(ctx); err != nil {
+		return nil, err
+	}
 	if version != 0 {
 		if err := r.checkVersion(version); err != nil {
 			return nil, err
@@ -190,6 +216,9 @@ func (r *Runner) DownTo(ctx context.Context, version int64) ([]*goose.MigrationR
 // (the tests use it to take a fix back under a later port, as duroxide-pg's
 // runner can leave a database). Not for production use.
 func (r *Runner) ApplyVersion(ctx context.Context, version int64, up bool) error {
+	if err := r.checkOwner(ctx); err != nil {
+		return err
+	}
 	_, err := r.provider.ApplyVersion(ctx, version, up)
 	return wrapErr(fmt.Sprintf("apply version %d (up=%v)", version, up), err)
 }
