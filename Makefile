@@ -25,11 +25,11 @@ ifneq ($(strip $(MATRIX_MAJORS)),)
 	OUT='$(OUT)' MATRIX_TESTS=quick scripts/pg-matrix.sh $(MATRIX_MAJORS)
 endif
 
-repro: ## show the bug at 0019 and the fix at 0020 on a throwaway PostgreSQL
+repro: ## show the bugs and the fixes on a throwaway PostgreSQL: orchestration fetch 0019 vs 0020, worker queue 0024 vs 0026
 	@mkdir -p $(OUT)
 	$(HARNESS) repro all --report $(OUT) --json $(OUT)/repro.json
 
-bench: ## 0019 vs 0020 speed, side by side in one run (about 3 min); writes docs/bench/
+bench: ## 0019 vs 0020 (worker: 0024 vs 0026) speed, side by side in one run (about 4 min); writes docs/bench/
 	$(HARNESS) bench --report docs/bench
 
 fuzz: ## fuzz the fault scenarios against the invariants: make fuzz [FUZZTIME=10m]

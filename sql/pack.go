@@ -242,6 +242,30 @@ func FetchFix() (bug, fix int64) {
 	return bug, m.Version
 }
 
+// WorkerFix is the pair of versions the worker repros and benchmark
+// compare: the pack version just before the first of its fixes of the
+// worker queue (fetch_work_item, renew_work_item_lock, renew_session_lock),
+// and the last of them, so that the fixed side has every one.
+func WorkerFix() (bug, fix int64) {
+	var first int64
+	for _, fn := range []string{"fetch_work_item", "renew_work_item_lock", "renew_session_lock"} {
+		m, ok := FixOf(fn)
+		if !ok {
+			panic("the pack has no fix of " + fn)
+		}
+		fix = max(fix, m.Version)
+		if first == 0 || m.Version < first {
+			first = m.Version
+		}
+	}
+	for _, p := range MustPack() {
+		if p.Version < first {
+			bug = p.Version
+		}
+	}
+	return bug, fix
+}
+
 // UpstreamAt is the newest upstream version ported at or below goose
 // version v (0 when none).
 func UpstreamAt(v int64) int64 {

@@ -116,3 +116,30 @@ func TestTheReprosCompareTheFetchFixWithThePortBeforeIt(t *testing.T) {
 		t.Error("FixOf found a fix of a function no file names")
 	}
 }
+
+func TestTheWorkerReprosCompareTheWorkerFixesWithTheVersionBeforeThem(t *testing.T) {
+	bug, fix := migrations.WorkerFix()
+	fixed := map[string]bool{}
+	for v := bug + 1; v <= fix; v++ {
+		m, ok := migrations.ByVersion(v)
+		if !ok || m.IsPort() {
+			t.Fatalf("WorkerFix's versions %d..%d: %d is %+v, not a fix", bug+1, fix, v, m)
+		}
+		for _, fn := range m.Fixes {
+			fixed[fn] = true
+		}
+	}
+	for _, fn := range []string{"fetch_work_item", "renew_work_item_lock", "renew_session_lock"} {
+		m, ok := migrations.FixOf(fn)
+		if !ok || m.Version <= bug || m.Version > fix || !fixed[fn] {
+			t.Errorf("%s is fixed by %s (version %d), not within WorkerFix's (%d, %d]", fn, m.File, m.Version, bug, fix)
+		}
+	}
+	before, ok := migrations.ByVersion(bug)
+	if !ok || !before.IsPort() {
+		t.Errorf("WorkerFix's bug version %d: want the port right before the first worker fix, got %+v", bug, before.Fixes)
+	}
+	if _, fetchFix := migrations.FetchFix(); bug <= fetchFix {
+		t.Errorf("WorkerFix's bug version %d already lacks the orchestration fetch fix %d", bug, fetchFix)
+	}
+}

@@ -48,10 +48,11 @@ const (
 	Hot       = "hot"
 	QueueOnly = "queue_only"
 	Migrate   = "migrate"
+	Worker    = "worker"
 )
 
 // AllScenarios lists every scenario in the order a round runs them.
-func AllScenarios() []string { return []string{Backlog, Hot, QueueOnly, Migrate} }
+func AllScenarios() []string { return []string{Backlog, Hot, QueueOnly, Migrate, Worker} }
 
 // Config is a benchmark run. Zero fields take Defaults' values, except the
 // slices, which are taken as given when not nil.
@@ -76,6 +77,13 @@ type Config struct {
 	QueueInstances   int           `json:"queue_instances"`
 	QueueDispatchers []int         `json:"queue_dispatchers"`
 	QueueLockTimeout time.Duration `json:"-"`
+
+	// WorkerDispatchers are the worker counts of the worker scenario (each
+	// run without and with sessions), WorkerItems its backlog and
+	// WorkerLockTimeout its lock timeout (see worker.go).
+	WorkerDispatchers []int         `json:"worker_dispatchers"`
+	WorkerItems       int           `json:"worker_items"`
+	WorkerLockTimeout time.Duration `json:"-"`
 
 	// EventBytes is the approximate size of one seeded history event.
 	EventBytes int `json:"event_bytes"`
@@ -102,6 +110,9 @@ func Defaults() Config {
 		QueueInstances:     2000,
 		QueueDispatchers:   []int{1, 8},
 		QueueLockTimeout:   100 * time.Millisecond,
+		WorkerDispatchers:  []int{1, 8},
+		WorkerItems:        500,
+		WorkerLockTimeout:  defaultWorkerLockTimeout,
 		EventBytes:         250,
 		PollInterval:       dispatch.DefaultPollInterval,
 	}
@@ -139,6 +150,11 @@ func (c Config) WithDefaults() Config {
 		c.QueueDispatchers = d.QueueDispatchers
 	}
 	setDur(&c.QueueLockTimeout, d.QueueLockTimeout)
+	if c.WorkerDispatchers == nil {
+		c.WorkerDispatchers = d.WorkerDispatchers
+	}
+	setInt(&c.WorkerItems, d.WorkerItems)
+	setDur(&c.WorkerLockTimeout, d.WorkerLockTimeout)
 	setInt(&c.EventBytes, d.EventBytes)
 	setDur(&c.PollInterval, d.PollInterval)
 	return c
@@ -151,7 +167,7 @@ func (c Config) Validate() error {
 			return fmt.Errorf("bench: unknown scenario %q (have %s)", s, strings.Join(AllScenarios(), ", "))
 		}
 	}
-	for _, n := range append(append([]int(nil), c.BacklogDispatchers...), c.QueueDispatchers...) {
+	for _, n := range append(append(append([]int(nil), c.BacklogDispatchers...), c.QueueDispatchers...), c.WorkerDispatchers...) {
 		if n < 1 {
 			return fmt.Errorf("bench: dispatcher counts must be >= 1, got %d", n)
 		}
@@ -219,7 +235,10 @@ type Result struct {
 	StartedAt time.Time  `json:"started_at"`
 	TotalS    float64    `json:"total_s"`
 	Cells     []Cell     `json:"cells"`
-	Targets   []Target   `json:"targets"`
+	// Worker holds the worker scenario's cells, which compare other
+	// versions (WorkerVersions) than the cells above.
+	Worker  []WorkerCell `json:"worker_cells,omitempty"`
+	Targets []Target     `json:"targets"`
 }
 
 // Settings echoes the config in readable units.
@@ -274,6 +293,9 @@ func (c Config) Steps() int {
 	}
 	if c.has(Migrate) {
 		per += 2
+	}
+	if c.has(Worker) {
+		per += c.workerSteps()
 	}
 	return per * c.Rounds
 }
@@ -370,6 +392,13 @@ func Run(ctx context.Context, srv *pgtest.Server, cfg Config, progress func(Prog
 		}
 	}
 
+	var wb *workerBench
+	if cfg.has(Worker) {
+		if wb, err = newWorkerBench(ctx, dsn, cfg); err != nil {
+			return res, err
+		}
+	}
+
 	// The cells, in report order.
 	cellOf := map[string]int{}
 	addCell := func(c Cell) {
@@ -451,6 +480,14 @@ func Run(ctx context.Context, srv *pgtest.Server, cfg Config, progress func(Prog
 				record((&Cell{Scenario: Migrate}).Name(), round, s.side, Sample{WallMs: fp(ms)})
 			}
 		}
+		if wb != nil {
+			if err := wb.round(ctx, round, note); err != nil {
+				return res, err
+			}
+		}
+	}
+	if wb != nil {
+		res.Worker = wb.finish()
 	}
 	for i := range res.Cells {
 		res.Cells[i].computeFigures()

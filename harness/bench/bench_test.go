@@ -201,7 +201,7 @@ func TestConfigValidate(t *testing.T) {
 	c = Defaults()
 	c.BacklogDispatchers = []int{0}
 	require.Error(t, c.Validate())
-	require.Equal(t, 3*(8+2+6+2), Defaults().Steps())
+	require.Equal(t, 3*(8+2+6+2+8), Defaults().Steps())
 }
 
 // smokeConfig is the whole benchmark shrunk to about a second of cells.
@@ -211,6 +211,7 @@ func smokeConfig() Config {
 		BacklogInstances: 10, BacklogHistory: 20, BacklogDispatchers: []int{2},
 		HotHistory: 40, HotDispatchers: 2, HotLockTimeout: time.Second,
 		QueueInstances: 20, QueueDispatchers: []int{1},
+		WorkerDispatchers: []int{2}, WorkerItems: 20,
 	}
 }
 
@@ -226,6 +227,13 @@ func TestSmokeRun(t *testing.T) {
 	t.Logf("smoke run took %v", time.Since(start).Round(time.Millisecond))
 	require.Equal(t, cfg.Steps(), steps[len(steps)-1].Step)
 	require.Len(t, res.Cells, 4)
+	require.Len(t, res.Worker, 2, "worker N=2 without and with sessions")
+	for _, c := range res.Worker {
+		f := c.Figure("cycles_per_s")
+		require.NotNil(t, f, c.Name())
+		require.Greater(t, *f.After, 0.0, c.Name())
+		require.Equal(t, 0.0, *c.Figure("refused_acks").After, c.Name())
+	}
 	for _, c := range res.Cells {
 		require.NotEmpty(t, c.Figures, c.Name())
 		if c.Scenario == Migrate {

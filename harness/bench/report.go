@@ -118,6 +118,9 @@ func PrintTable(w io.Writer, r *Result) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
+	if err := printWorkerTable(w, r.Worker); err != nil {
+		return err
+	}
 	if len(r.Targets) > 0 {
 		fmt.Fprintln(w, "\ntargets (reported, not asserted):")
 		tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
@@ -211,6 +214,7 @@ func Markdown(r *Result, plot string) string {
 		}
 		b.WriteString("\n")
 	}
+	b.WriteString(workerMarkdown(r.Worker, s))
 	b.WriteString("## Per round\n\nCompleted cycles/s of every run (migrate: wall time), round by round.\n\n| cell | side | ")
 	for i := 1; i <= s.Rounds; i++ {
 		fmt.Fprintf(&b, "round %d |", i)

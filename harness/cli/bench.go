@@ -13,10 +13,11 @@ import (
 )
 
 // benchSummary is the line of `harness help` for the bench command.
-const benchSummary = "speed of 0019 against 0020, side by side in one run: bench [--rounds 3] [--duration 2.5s] [--scenarios backlog,hot,queue-only,migrate] [--json FILE] [--report DIR] [--dsn DSN]"
+const benchSummary = "speed before and after the pack's fixes (0019 against 0020; worker: 0024 against 0026), side by side in one run: bench [--rounds 3] [--duration 2.5s] [--scenarios backlog,hot,queue-only,migrate,worker] [--json FILE] [--report DIR] [--dsn DSN]"
 
 // runBench is `harness bench`: every scenario of package bench, rounds
-// alternating 19 and 20, on a throwaway server (or --dsn), a table of
+// alternating 19 and 20 (the worker scenario: the versions before and after
+// the worker fixes), on a throwaway server (or --dsn), a table of
 // medians and ratios on stdout, a progress line on stderr.
 func runBench(ctx context.Context, env *Env, args []string) error {
 	def := bench.Defaults()
@@ -24,7 +25,7 @@ func runBench(ctx context.Context, env *Env, args []string) error {
 	dsn := fs.String("dsn", "", "use this existing server (a database is created and dropped) instead of a throwaway one")
 	rounds := fs.Int("rounds", def.Rounds, "rounds per cell and version (at least 3)")
 	duration := fs.Duration("duration", def.Duration, "run time of one cell, per version and round")
-	scenarios := fs.String("scenarios", strings.Join(def.Scenarios, ","), "scenarios to run: backlog, hot, queue-only, migrate")
+	scenarios := fs.String("scenarios", strings.Join(def.Scenarios, ","), "scenarios to run: backlog, hot, queue-only, migrate, worker")
 	jsonFile := fs.String("json", "", "write the result as JSON to this file")
 	reportDir := fs.String("report", "", "write report.md, throughput.svg and bench.json into this directory")
 	pos, err := parse(fs, args)
@@ -50,7 +51,7 @@ func runBench(ctx context.Context, env *Env, args []string) error {
 		cfg.Scenarios = append(cfg.Scenarios, s)
 	}
 	if len(cfg.Scenarios) == 0 {
-		return usagef("--scenarios is empty: name some of backlog, hot, queue-only, migrate")
+		return usagef("--scenarios is empty: name some of backlog, hot, queue-only, migrate, worker")
 	}
 	if err := cfg.Validate(); err != nil {
 		return usagef("%v", err)

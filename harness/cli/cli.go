@@ -72,7 +72,7 @@ func commands() []command {
 		{"doctor", "health check, exit 0 ok / 1 warning / 2 critical / 64 bad input: doctor [--dsn DSN | --env NAME] [--schema S] [--format text|json|prometheus] [--watch 5s] [--max-attempts 10] [--reset-attempts INSTANCE... [--apply]]", runDoctor},
 		{"bench", benchSummary, runBench},
 		{"soak", "fault-injection soak, exit 1 on any invariant violation: soak [--duration 5m] [--round 20s] [--dsn DSN] [--version N] [--seed N] [--no-restart] [--json FILE]", runSoak},
-		{"repro", "show the bug before the pack's fetch fix and the fix: repro [minimal|organic|all] [--versions BUG,FIX] [--json FILE] [--report DIR] [--dsn DSN]", runRepro},
+		{"repro", "show the bugs before the pack's fixes and the fixes: " + strings.TrimPrefix(reproUsage, "usage: harness "), runRepro},
 	}
 }
 

@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -17,6 +19,7 @@ import (
 	"github.com/duroxide-pg/migrations/harness/orch"
 	"github.com/duroxide-pg/migrations/harness/pgtest"
 	"github.com/duroxide-pg/migrations/harness/repro"
+	"github.com/duroxide-pg/migrations/harness/worker"
 	migrations "github.com/duroxide-pg/migrations/sql"
 )
 
@@ -56,10 +59,18 @@ func (s *reproSetup) close() { _ = s.srv.Close(context.Background()) }
 
 // reproReport is what --json writes.
 type reproReport struct {
-	Minimal []repro.MinimalResult `json:"minimal,omitempty"`
-	Organic *repro.OrganicResult  `json:"organic,omitempty"`
-	Verdict map[string]bool       `json:"verdict"`
+	Minimal       []repro.MinimalResult       `json:"minimal,omitempty"`
+	Organic       *repro.OrganicResult        `json:"organic,omitempty"`
+	WorkerMinimal []repro.WorkerMinimalResult `json:"worker_minimal,omitempty"`
+	Worker        *repro.WorkerResult         `json:"worker,omitempty"`
+	Verdict       map[string]bool             `json:"verdict"`
 }
+
+// reproUsage is the repro command's synopsis.
+const reproUsage = "usage: harness repro [minimal|organic|worker-minimal|worker|all] [--versions BUG,FIX] [--worker-versions BUG,FIX] [--json FILE] [--report DIR] [--dsn DSN]"
+
+// reproKinds are the repros, in the order `all` runs them.
+func reproKinds() []string { return []string{"minimal", "organic", "worker-minimal", "worker"} }
 
 func runRepro(ctx context.Context, env *Env, args []string) error {
 	fs := newFlags(env, "repro")
@@ -79,35 +90,72 @@ func runRepro(ctx context.Context, env *Env, args []string) error {
 	turn := fs.Duration("turn", def.TurnTime, "organic: simulated turn time")
 	duration := fs.Duration("duration", def.Duration, "organic: run time per version")
 	skew := fs.Duration("skew", def.Skew, "organic: spread the dispatchers' clocks over [-skew, +skew]")
+	wbug, wfix := repro.WorkerVersions()
+	workerPair := fmt.Sprintf("%d,%d", wbug, wfix)
+	workerVersionsFlag := fs.String("worker-versions", workerPair, "worker-minimal: schema versions to compare, the buggy one then the fixed one")
+	wdef := repro.WorkerDefaults()
+	workerRuntimes := fs.Int("worker-runtimes", wdef.Runtimes, "worker: simulated runtimes, each with its own clock")
+	workerSlots := fs.Int("worker-slots", wdef.Slots, "worker: worker slots per runtime, each with its own connection")
+	workerDuration := fs.Duration("worker-duration", wdef.Duration, "worker: run time per version")
+	workerLockTimeout := fs.Duration("worker-lock-timeout", wdef.LockTimeout, "worker: worker lock timeout, whole seconds (0: calibrated, at least 2s)")
 	pos, err := parse(fs, args)
 	if err != nil {
 		return err
 	}
 	which := "all"
 	if len(pos) > 1 {
-		return usagef("usage: harness repro [minimal|organic|all] [--versions %s] [--json FILE] [--report DIR] [--dsn DSN]", pair)
+		return usagef("%s", reproUsage)
 	}
 	if len(pos) == 1 {
 		which = pos[0]
 	}
-	if which != "minimal" && which != "organic" && which != "all" {
-		return usagef("unknown repro %q: use minimal, organic or all", which)
+	runs := map[string]bool{}
+	for _, k := range reproKinds() {
+		runs[k] = which == k || which == "all"
+	}
+	if which != "all" && !runs[which] {
+		return usagef("unknown repro %q: use minimal, organic, worker-minimal, worker or all", which)
 	}
 	versions, err := parseVersions(*versionsFlag)
 	if err != nil {
 		return err
 	}
+	workerVersions, err := parseVersions(*workerVersionsFlag)
+	if err != nil {
+		return err
+	}
+	if *workerRuntimes < 1 || *workerSlots < 1 || *workerDuration <= 0 || *workerLockTimeout < 0 || *workerLockTimeout%time.Second != 0 {
+		return usagef("worker settings out of range: worker-runtimes, worker-slots >= 1; worker-duration > 0; worker-lock-timeout 0 or whole seconds")
+	}
+	if runs["worker"] && (*workerVersionsFlag != workerPair) {
+		return usagef("the worker repro compares versions %d and %d only; drop --worker-versions or use `repro worker-minimal`", wbug, wfix)
+	}
+	workerCfg := wdef
+	workerCfg.Runtimes, workerCfg.Slots, workerCfg.Duration, workerCfg.LockTimeout = *workerRuntimes, *workerSlots, *workerDuration, *workerLockTimeout
 	organicCfg := def
 	organicCfg.Dispatchers, organicCfg.Instances, organicCfg.HistoryEvents, organicCfg.EventBytes = *dispatchers, *instances, *history, *eventBytes
 	organicCfg.LockTimeout, organicCfg.PollInterval, organicCfg.TurnTime, organicCfg.Duration, organicCfg.Skew = *lockTimeout, *poll, *turn, *duration, *skew
 	if *dispatchers < 1 || *instances < 1 || *history < 0 || *eventBytes < 1 || *lockTimeout < 0 || *poll <= 0 || *turn < 0 || *duration <= 0 || *skew < 0 {
 		return usagef("organic settings out of range: dispatchers, instances, event-bytes >= 1; poll, duration > 0; history, lock-timeout, turn, skew >= 0")
 	}
-	if (which == "organic" || which == "all") && (versions[0] != int64(bug) || versions[1] != int64(fix)) {
+	if runs["organic"] && (versions[0] != int64(bug) || versions[1] != int64(fix)) {
 		return usagef("the organic repro compares versions %d and %d only; drop --versions or use `repro minimal`", bug, fix)
 	}
 
-	setup, err := setupRepro(ctx, env, *dsn, versions)
+	// Schemas duroxide_vN for the minimal repros; organic and worker
+	// migrate their own.
+	var setupVersions []int64
+	if runs["minimal"] || runs["organic"] {
+		setupVersions = append(setupVersions, versions...)
+	}
+	if runs["worker-minimal"] {
+		for _, v := range workerVersions {
+			if !slices.Contains(setupVersions, v) {
+				setupVersions = append(setupVersions, v)
+			}
+		}
+	}
+	setup, err := setupRepro(ctx, env, *dsn, setupVersions)
 	if err != nil {
 		return err
 	}
@@ -115,7 +163,15 @@ func runRepro(ctx context.Context, env *Env, args []string) error {
 
 	report := reproReport{Verdict: map[string]bool{}}
 	ok := true
-	if which == "minimal" || which == "all" {
+	section := false
+	next := func() {
+		if section {
+			fmt.Fprintln(env.Stdout)
+		}
+		section = true
+	}
+	if runs["minimal"] {
+		next()
 		results, verdict, err := runMinimal(ctx, env, setup, versions)
 		if err != nil {
 			return err
@@ -124,16 +180,34 @@ func runRepro(ctx context.Context, env *Env, args []string) error {
 		report.Verdict["minimal"] = verdict
 		ok = ok && verdict
 	}
-	if which == "organic" || which == "all" {
-		if which == "all" {
-			fmt.Fprintln(env.Stdout)
-		}
+	if runs["organic"] {
+		next()
 		res, err := runOrganic(ctx, env, setup, organicCfg)
 		if err != nil {
 			return err
 		}
 		report.Organic = &res
 		report.Verdict["organic"] = res.Verdict.OK
+		ok = ok && res.Verdict.OK
+	}
+	if runs["worker-minimal"] {
+		next()
+		results, verdict, err := runWorkerMinimal(ctx, env, setup, workerVersions)
+		if err != nil {
+			return err
+		}
+		report.WorkerMinimal = results
+		report.Verdict["worker_minimal"] = verdict
+		ok = ok && verdict
+	}
+	if runs["worker"] {
+		next()
+		res, err := runWorker(ctx, env, setup, workerCfg)
+		if err != nil {
+			return err
+		}
+		report.Worker = &res
+		report.Verdict["worker"] = res.Verdict.OK
 		ok = ok && res.Verdict.OK
 	}
 	if *reportDir != "" {
@@ -155,7 +229,9 @@ func runRepro(ctx context.Context, env *Env, args []string) error {
 }
 
 // writeReproReport writes dir/report.md: the organic report (with its
-// histogram) when that scenario ran, then the minimal scenario's table.
+// histogram) when that scenario ran, then the minimal scenario's table,
+// the worker minimal scenarios' table and the worker scenario (with its
+// histograms of remaining lease), for those that ran.
 func writeReproReport(dir string, report reproReport) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("write report: %w", err)
@@ -168,7 +244,17 @@ func writeReproReport(dir string, report reproReport) error {
 	} else if err := os.WriteFile(path, []byte("# duroxide-pg fetch_orchestration_item: the repro\n\n"), 0o644); err != nil {
 		return fmt.Errorf("write report: %w", err)
 	}
-	if len(report.Minimal) == 0 {
+	var sections []string
+	if len(report.Minimal) > 0 {
+		sections = append(sections, repro.MinimalMarkdown(report.Minimal))
+	}
+	if len(report.WorkerMinimal) > 0 {
+		sections = append(sections, repro.WorkerMinimalMarkdown(report.WorkerMinimal))
+	}
+	if report.Worker != nil {
+		sections = append(sections, repro.WorkerMarkdown(*report.Worker))
+	}
+	if len(sections) == 0 {
 		return nil
 	}
 	f, err := os.OpenFile(path, os.O_APPEND|os.O_WRONLY, 0o644)
@@ -176,8 +262,12 @@ func writeReproReport(dir string, report reproReport) error {
 		return fmt.Errorf("write report: %w", err)
 	}
 	defer f.Close()
-	_, err = fmt.Fprintf(f, "\n%s", repro.MinimalMarkdown(report.Minimal))
-	return err
+	for _, sec := range sections {
+		if _, err := fmt.Fprintf(f, "\n%s", sec); err != nil {
+			return fmt.Errorf("write report: %w", err)
+		}
+	}
+	return nil
 }
 
 // runOrganic runs the multi-dispatcher scenario on throwaway schemas at 19
@@ -262,4 +352,51 @@ func verdictText(ok bool, yes, no string) string {
 		return yes
 	}
 	return no
+}
+
+// runWorkerMinimal runs the worker minimal repro on both versions and
+// prints them side by side. The verdict holds when the first version shows
+// both symptoms and the second neither.
+func runWorkerMinimal(ctx context.Context, env *Env, setup *reproSetup, versions []int64) ([]repro.WorkerMinimalResult, bool, error) {
+	var results []repro.WorkerMinimalResult
+	for _, v := range versions {
+		res, err := repro.WorkerMinimal(ctx, setup.dsn, setup.schemas[v], v, repro.WorkerMinimalConfig{})
+		if err != nil {
+			return nil, false, err
+		}
+		results = append(results, res)
+	}
+	bug, fixed := results[0].Bug(), results[1].Fixed()
+	fmt.Fprintf(env.Stdout, "worker minimal repro: fetch_work_item with p_now_ms %d ms stale and a %d ms lock timeout, then ack_worker; "+
+		"a session fetch while another transaction holds the session's row (%d ms)\n\n",
+		results[0].StaleMs, results[0].LockTimeoutMs, results[0].HoldMs)
+	tw := tabwriter.NewWriter(env.Stdout, 0, 4, 2, ' ', tabwriter.AlignRight)
+	for _, row := range repro.WorkerMinimalRows(results) {
+		fmt.Fprintln(tw, strings.Join(row, "\t")+"\t")
+	}
+	tw.Flush()
+	fmt.Fprintf(env.Stdout, "\nverdict: version %d %s; version %d %s\n", versions[0], verdictText(bug, "shows the bug", "does NOT show the bug"),
+		versions[1], verdictText(fixed, "is fixed", "is NOT fixed"))
+	return results, bug && fixed, nil
+}
+
+// runWorker runs the simulated activity workers on throwaway schemas at
+// the worker bug and fix versions, with a progress line on stderr.
+func runWorker(ctx context.Context, env *Env, setup *reproSetup, cfg worker.Config) (repro.WorkerResult, error) {
+	schemas, err := repro.PrepareWorker(ctx, setup.dsn)
+	if err != nil {
+		return repro.WorkerResult{}, err
+	}
+	res, err := repro.RunWorker(ctx, setup.dsn, schemas, cfg, func(line string) {
+		fmt.Fprintln(env.Stderr, "harness: "+line)
+	})
+	if err != nil {
+		return res, fmt.Errorf("worker repro: %w", err)
+	}
+	fmt.Fprintln(env.Stdout, "worker repro: simulated activity workers with sessions and tags, runtime clocks spread around the database's")
+	fmt.Fprintln(env.Stdout)
+	if err := repro.PrintWorkerTable(env.Stdout, res); err != nil {
+		return res, err
+	}
+	return res, nil
 }
