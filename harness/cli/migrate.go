@@ -71,7 +71,7 @@ func (t *target) open(ctx context.Context, verbose bool) (*migrate.Runner, error
 		Verbose:      verbose,
 		Role:         t.role,
 	})
-	if errors.Is(err, migrate.ErrNeedsBaseline) {
+	if errors.Is(err, migrate.ErrNeedsBaseline) || errors.Is(err, migrate.ErrPooler) {
 		return nil, usagef("%v", err)
 	}
 	if err != nil {

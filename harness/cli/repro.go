@@ -26,6 +26,7 @@ import (
 // reproSetup is one throwaway database with one schema per version.
 type reproSetup struct {
 	srv     *pgtest.Server
+	name    string
 	dsn     string
 	schemas map[int64]string
 }
@@ -42,7 +43,7 @@ func setupRepro(ctx context.Context, env *Env, dsn string, versions []int64) (*r
 		srv.Close(context.Background())
 		return nil, err
 	}
-	s := &reproSetup{srv: srv, dsn: srv.DSN(name), schemas: map[int64]string{}}
+	s := &reproSetup{srv: srv, name: name, dsn: srv.DSN(name), schemas: map[int64]string{}}
 	for _, v := range versions {
 		schema := fmt.Sprintf("duroxide_v%d", v)
 		if err := migrate.To(ctx, s.dsn, schema, v); err != nil {
@@ -90,6 +91,7 @@ func runRepro(ctx context.Context, env *Env, args []string) error {
 	turn := fs.Duration("turn", def.TurnTime, "organic: simulated turn time")
 	duration := fs.Duration("duration", def.Duration, "organic: run time per version")
 	skew := fs.Duration("skew", def.Skew, "organic: spread the dispatchers' clocks over [-skew, +skew]")
+	bouncer := fs.String("pgbouncer", "", "organic: the dispatchers connect through a PgBouncer started next to the server, in this pool mode (transaction, session or statement)")
 	wbug, wfix := repro.WorkerVersions()
 	workerPair := fmt.Sprintf("%d,%d", wbug, wfix)
 	workerVersionsFlag := fs.String("worker-versions", workerPair, "worker-minimal: schema versions to compare, the buggy one then the fixed one")
@@ -138,6 +140,9 @@ func runRepro(ctx context.Context, env *Env, args []string) error {
 	if *dispatchers < 1 || *instances < 1 || *history < 0 || *eventBytes < 1 || *lockTimeout < 0 || *poll <= 0 || *turn < 0 || *duration <= 0 || *skew < 0 {
 		return usagef("organic settings out of range: dispatchers, instances, event-bytes >= 1; poll, duration > 0; history, lock-timeout, turn, skew >= 0")
 	}
+	if *bouncer != "" && !slices.Contains(pgtest.PoolModes, *bouncer) {
+		return usagef("--pgbouncer %q: use a pool mode, one of %s", *bouncer, strings.Join(pgtest.PoolModes, ", "))
+	}
 	if runs["organic"] && (versions[0] != int64(bug) || versions[1] != int64(fix)) {
 		return usagef("the organic repro compares versions %d and %d only; drop --versions or use `repro minimal`", bug, fix)
 	}
@@ -182,7 +187,7 @@ func runRepro(ctx context.Context, env *Env, args []string) error {
 	}
 	if runs["organic"] {
 		next()
-		res, err := runOrganic(ctx, env, setup, organicCfg)
+		res, err := runOrganic(ctx, env, setup, organicCfg, *bouncer)
 		if err != nil {
 			return err
 		}
@@ -272,7 +277,16 @@ func writeReproReport(dir string, report reproReport) error {
 
 // runOrganic runs the multi-dispatcher scenario on throwaway schemas at 19
 // and 20 in the repro database, with a progress line on stderr.
-func runOrganic(ctx context.Context, env *Env, setup *reproSetup, cfg dispatch.Config) (repro.OrganicResult, error) {
+func runOrganic(ctx context.Context, env *Env, setup *reproSetup, cfg dispatch.Config, bouncerMode string) (repro.OrganicResult, error) {
+	if bouncerMode != "" {
+		b, err := pgtest.StartPgBouncer(ctx, setup.srv, bouncerMode)
+		if err != nil {
+			return repro.OrganicResult{}, fmt.Errorf("organic repro: %w", err)
+		}
+		defer b.Close()
+		cfg.ConnectDSN = b.DSN(setup.name)
+		fmt.Fprintf(env.Stderr, "harness: the dispatchers connect through pgbouncer (%s pooling)\n", bouncerMode)
+	}
 	schemas, err := repro.PrepareOrganic(ctx, setup.dsn)
 	if err != nil {
 		return repro.OrganicResult{}, err

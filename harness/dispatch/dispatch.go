@@ -70,6 +70,10 @@ type Config struct {
 	// MaxAttempts is the runtime's max_attempts: a batch whose attempt_count
 	// exceeds it is poisoned. Default 10.
 	MaxAttempts int `json:"max_attempts"`
+	// ConnectDSN, when not empty, is what the dispatchers connect with
+	// instead of Run's DSN (for example through PgBouncer); seeding and
+	// reading the queue keep Run's DSN.
+	ConnectDSN string `json:"-"`
 }
 
 // Defaults.
@@ -171,6 +175,9 @@ func RunLog(ctx context.Context, dsn string, cfg Config, log *Log) error {
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
+	if cfg.ConnectDSN != "" {
+		dsn = cfg.ConnectDSN
+	}
 	connCfg, err := pgx.ParseConfig(dsn)
 	if err != nil {
 		return fmt.Errorf("dispatch: parse DSN: %w", err)
@@ -215,7 +222,7 @@ func RunLog(ctx context.Context, dsn string, cfg Config, log *Log) error {
 		stopTurns()
 	}()
 
-	log.markStart()
+	log.MarkStart()
 	var wg sync.WaitGroup
 	for i, c := range conns {
 		d := &dispatcher{
@@ -233,7 +240,7 @@ func RunLog(ctx context.Context, dsn string, cfg Config, log *Log) error {
 		}()
 	}
 	wg.Wait()
-	log.markStop()
+	log.MarkStop()
 	if err := ctx.Err(); err != nil {
 		return err
 	}

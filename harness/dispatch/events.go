@@ -1,8 +1,7 @@
 package dispatch
 
 import (
-	"sync"
-	"time"
+	"github.com/duroxide-pg/migrations/harness/eventlog"
 )
 
 // Kind says which provider call an Event records.
@@ -115,60 +114,7 @@ func (e Event) LockTimeoutMs() int64 {
 }
 
 // Log collects the events of a run; it is safe for concurrent use.
-type Log struct {
-	mu      sync.Mutex
-	events  []Event
-	started time.Time
-	stopped time.Time
-}
+type Log = eventlog.Log[Event]
 
 // NewLog returns an empty log.
-func NewLog() *Log { return &Log{} }
-
-// Add records e.
-func (l *Log) Add(e Event) {
-	l.mu.Lock()
-	l.events = append(l.events, e)
-	l.mu.Unlock()
-}
-
-// Len is the number of events recorded so far.
-func (l *Log) Len() int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return len(l.events)
-}
-
-// Events returns a copy of the events recorded so far, in the order they
-// were recorded.
-func (l *Log) Events() []Event {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return append([]Event(nil), l.events...)
-}
-
-// Elapsed is how long the dispatchers ran (so far, while running).
-func (l *Log) Elapsed() time.Duration {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	switch {
-	case l.started.IsZero():
-		return 0
-	case l.stopped.IsZero():
-		return time.Since(l.started)
-	default:
-		return l.stopped.Sub(l.started)
-	}
-}
-
-func (l *Log) markStart() {
-	l.mu.Lock()
-	l.started = time.Now()
-	l.mu.Unlock()
-}
-
-func (l *Log) markStop() {
-	l.mu.Lock()
-	l.stopped = time.Now()
-	l.mu.Unlock()
-}
+func NewLog() *Log { return eventlog.New[Event]() }

@@ -4,12 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"sort"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/duroxide-pg/migrations/harness/eventlog"
 	"github.com/duroxide-pg/migrations/harness/orch"
 )
 
@@ -228,37 +228,7 @@ func Conservation(seeded []string, events []Event, pending []string) error {
 			}
 		}
 	}
-	left := map[string]int{}
-	for _, id := range pending {
-		left[id]++
-	}
-	var problems []string
-	for id, n := range produced {
-		if n > 1 {
-			problems = append(problems, fmt.Sprintf("%s produced %d times", id, n))
-		}
-		if c, l := consumed[id], left[id]; c+l != 1 {
-			problems = append(problems, fmt.Sprintf("%s consumed %d times, pending %d times", id, c, l))
-		}
-	}
-	for id := range consumed {
-		if produced[id] == 0 {
-			problems = append(problems, fmt.Sprintf("%s consumed but never produced", id))
-		}
-	}
-	for id := range left {
-		if produced[id] == 0 {
-			problems = append(problems, fmt.Sprintf("%s pending but never produced", id))
-		}
-	}
-	if len(problems) == 0 {
-		return nil
-	}
-	sort.Strings(problems)
-	if len(problems) > 10 {
-		problems = append(problems[:10], fmt.Sprintf("… and %d more", len(problems)-10))
-	}
-	return fmt.Errorf("messages not conserved: %s", strings.Join(problems, "; "))
+	return eventlog.Conservation("messages", produced, consumed, pending)
 }
 
 // MeasureFetch times n uncontended fetch_orchestration_item calls on one

@@ -5,6 +5,8 @@ import (
 	"sort"
 	"strings"
 	"time"
+
+	"github.com/duroxide-pg/migrations/harness/eventlog"
 )
 
 // Summary reduces a run's events. Field names are stable (JSON).
@@ -212,13 +214,7 @@ func Summarize(events []Event, elapsed time.Duration, maxAttempts int) Summary {
 }
 
 // Percentile is the nearest-rank p-th percentile of sorted values.
-func Percentile(sorted []int64, p float64) int64 {
-	if len(sorted) == 0 {
-		return 0
-	}
-	i := int(math.Ceil(p/100*float64(len(sorted)))) - 1
-	return sorted[min(max(i, 0), len(sorted)-1)]
-}
+func Percentile(sorted []int64, p float64) int64 { return eventlog.Percentile(sorted, p) }
 
 // Remaining returns the remaining lease at return (ms) of every fetch that
 // returned a readable lease, and the number of leases lost before they

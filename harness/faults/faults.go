@@ -83,6 +83,10 @@ type Config struct {
 	Restart  func(ctx context.Context) error `json:"-"`
 	// RandSeed seeds the fault schedule (0: from the clock).
 	RandSeed uint64 `json:"rand_seed,omitempty"`
+	// ConnectDSN, when not empty, is what the dispatchers connect with
+	// instead of Run's DSN (for example through PgBouncer); seeding and the
+	// checks keep Run's DSN.
+	ConnectDSN string `json:"-"`
 }
 
 // WithDefaults fills the zero fields.
@@ -231,7 +235,11 @@ func Run(ctx context.Context, dsn string, cfg Config, checks Checks) (*Result, e
 		return nil, fmt.Errorf("faults: seed: %w", err)
 	}
 
-	connCfg, err := pgx.ParseConfig(dsn)
+	connectDSN := dsn
+	if cfg.ConnectDSN != "" {
+		connectDSN = cfg.ConnectDSN
+	}
+	connCfg, err := pgx.ParseConfig(connectDSN)
 	if err != nil {
 		return nil, fmt.Errorf("faults: parse DSN: %w", err)
 	}

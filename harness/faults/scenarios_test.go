@@ -138,3 +138,76 @@ func TestRestart(t *testing.T) {
 		t.Errorf("restart: %d restarts, want 1", vl.Faults.Restarts)
 	}
 }
+
+// throughPooler says whether sc can run with its dispatchers behind
+// PgBouncer 1.18 in transaction mode, and why not: a kill targets the
+// backend pid a connection reports (PgBouncer reports its own), session
+// timeouts are startup parameters (PgBouncer refuses them), and a restart
+// is the direct server's.
+func throughPooler(sc faults.Scenario) (ok bool, why string) {
+	c := sc.Config
+	switch {
+	case c.KillEvery > 0:
+		return false, "kills a backend by the pid its connection reports; behind PgBouncer that pid is PgBouncer's"
+	case c.StatementTimeout > 0 || c.SessionLockTimeout > 0:
+		return false, "sets its timeouts as startup parameters, which PgBouncer 1.18 refuses"
+	case sc.NeedsRestart:
+		return false, "restarts the server"
+	}
+	return true, ""
+}
+
+// TestScenariosThroughPgBouncer runs the fault scenarios that a pooler does
+// not rule out with every dispatcher connected through PgBouncer in
+// transaction pooling mode: the invariants hold at the pack's latest
+// version as they do over direct connections (19 is reported).
+func TestScenariosThroughPgBouncer(t *testing.T) {
+	t.Parallel()
+	b := pgtest.RequirePgBouncer(t, dbs.Server(), "transaction")
+	ran := 0
+	for _, sc := range faults.Scenarios(scenarioDuration) {
+		if ok, why := throughPooler(sc); !ok {
+			t.Logf("%s: not through PgBouncer: %s", sc.Name, why)
+			continue
+		}
+		ran++
+		t.Run(sc.Name, func(t *testing.T) {
+			t.Parallel()
+			var v19, vl *faults.Result
+			var wg sync.WaitGroup
+			wg.Add(2)
+			via := func(sc faults.Scenario, version int64) *faults.Result {
+				db, err := dbs.Create(context.Background(), version)
+				if err != nil {
+					t.Errorf("database at %d: %v", version, err)
+					return nil
+				}
+				t.Cleanup(func() { _ = db.Drop(context.Background()) })
+				cfg := sc.Config
+				cfg.Schema = db.Schema
+				cfg.ConnectDSN = b.DSN(db.Name)
+				ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+				defer cancel()
+				res, err := faults.Run(ctx, db.DSN, cfg, sc.Checks)
+				if err != nil {
+					t.Errorf("%s at %d through pgbouncer: %v", sc.Name, version, err)
+					return nil
+				}
+				return res
+			}
+			go func() { defer wg.Done(); v19 = via(sc, bugVersion) }()
+			go func() { defer wg.Done(); vl = via(sc, latest) }()
+			wg.Wait()
+			if v19 == nil || vl == nil {
+				t.FailNow()
+			}
+			check(t, sc, v19, vl)
+			if sc.Name == "crash" && vl.Faults.Crashes == 0 {
+				t.Errorf("crash: no dispatcher crashed")
+			}
+		})
+	}
+	if ran < 3 {
+		t.Fatalf("only %d scenarios can run through PgBouncer", ran)
+	}
+}

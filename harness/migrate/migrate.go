@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"io/fs"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/pressly/goose/v3"
@@ -81,7 +82,13 @@ func Open(ctx context.Context, dsn string, opts Options) (*Runner, error) {
 		}
 	}()
 	if err := db.PingContext(ctx); err != nil {
+		if unsupportedStartup(err) {
+			return nil, poolerErr(oneLine(err.Error()))
+		}
 		return nil, fmt.Errorf("connect: %w", err)
+	}
+	if err := CheckDirect(ctx, db, opts.Schema); err != nil {
+		return nil, err
 	}
 	if err := checkAdopted(ctx, db, opts.Schema, opts.VersionTable); err != nil {
 		return nil, err
@@ -278,3 +285,5 @@ func To(ctx context.Context, dsn, schema string, version int64) error {
 	}
 	return nil
 }
+
+func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }

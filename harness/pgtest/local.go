@@ -255,6 +255,9 @@ func SweepStale(logf func(string, ...any)) {
 		if pid := postmasterPID(filepath.Join(d, "data", "postmaster.pid")); pid > 0 && syscall.Kill(pid, 0) == nil {
 			continue
 		}
+		if pid := postmasterPID(filepath.Join(d, bouncerPIDFile)); pid > 0 && syscall.Kill(pid, 0) == nil {
+			continue // a running pgbouncer's directory
+		}
 		if logf != nil {
 			logf("pgtest: removing stale %s", d)
 		}

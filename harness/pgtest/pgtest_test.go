@@ -153,3 +153,46 @@ func TestFindBinariesRejectsAnEmptyPGBin(t *testing.T) {
 	_, err := FindBinaries(t.TempDir())
 	require.ErrorContains(t, err, "does not hold initdb")
 }
+
+// pgbouncer runs unprivileged in front of the local server, pools in the
+// mode asked (in transaction mode one client's session state reaches
+// another client), and Close stops it and removes its directory.
+func TestPgBouncerInFrontOfTheLocalServer(t *testing.T) {
+	srv := startLocalForTest(t)
+	defer srv.Close(context.Background())
+	for _, tc := range []struct {
+		mode   string
+		shared bool
+	}{{"transaction", true}, {"session", false}} {
+		t.Run(tc.mode+" pooling", func(t *testing.T) {
+			b := RequirePgBouncer(t, srv, tc.mode)
+			ctx := context.Background()
+			dir, pid := b.dir, b.cmd.Process.Pid
+			status, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+			require.NoError(t, err)
+			if os.Geteuid() == 0 {
+				require.NotContains(t, string(status), "Uid:\t0\t", "pgbouncer must not run as root")
+			}
+
+			connect := func() *pgx.Conn {
+				cfg, err := pgx.ParseConfig(b.DSN("postgres"))
+				require.NoError(t, err)
+				conn, err := pgx.ConnectConfig(ctx, cfg)
+				require.NoError(t, err)
+				t.Cleanup(func() { conn.Close(ctx) })
+				return conn
+			}
+			a, c := connect(), connect()
+			_, err = a.Exec(ctx, "SELECT set_config('harness.probe', 'from-a', false)")
+			require.NoError(t, err)
+			var seen string
+			require.NoError(t, c.QueryRow(ctx, "SELECT coalesce(current_setting('harness.probe', true), '')").Scan(&seen))
+			require.Equal(t, tc.shared, seen == "from-a", "another client sees a's session state: %q", seen)
+
+			require.NoError(t, b.Close())
+			_, err = os.Stat(dir)
+			require.True(t, os.IsNotExist(err), "%s must be gone", dir)
+			require.ErrorIs(t, syscall.Kill(pid, 0), syscall.ESRCH, "pgbouncer %d must be gone", pid)
+		})
+	}
+}

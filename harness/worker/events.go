@@ -3,8 +3,9 @@ package worker
 import (
 	"math"
 	"sort"
-	"sync"
 	"time"
+
+	"github.com/duroxide-pg/migrations/harness/eventlog"
 )
 
 // Kind says which provider call an Event records.
@@ -77,53 +78,10 @@ func (e Event) DeadAtReturn() bool {
 }
 
 // Log collects the events of a run; it is safe for concurrent use.
-type Log struct {
-	mu      sync.Mutex
-	events  []Event
-	started time.Time
-	stopped time.Time
-}
+type Log = eventlog.Log[Event]
 
 // NewLog returns an empty log.
-func NewLog() *Log { return &Log{} }
-
-// Add records e.
-func (l *Log) Add(e Event) {
-	l.mu.Lock()
-	l.events = append(l.events, e)
-	l.mu.Unlock()
-}
-
-// Events returns a copy of the events recorded so far.
-func (l *Log) Events() []Event {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return append([]Event(nil), l.events...)
-}
-
-// Elapsed is how long the workers ran (so far, while running).
-func (l *Log) Elapsed() time.Duration {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	switch {
-	case l.started.IsZero():
-		return 0
-	case l.stopped.IsZero():
-		return time.Since(l.started)
-	default:
-		return l.stopped.Sub(l.started)
-	}
-}
-
-func (l *Log) mark(start bool) {
-	l.mu.Lock()
-	if start {
-		l.started = time.Now()
-	} else {
-		l.stopped = time.Now()
-	}
-	l.mu.Unlock()
-}
+func NewLog() *Log { return eventlog.New[Event]() }
 
 // Summary reduces a run's events. Field names are stable (JSON).
 type Summary struct {
@@ -273,9 +231,9 @@ func Summarize(events []Event, elapsed time.Duration) Summary {
 	if len(remaining) > 0 {
 		sortInts(remaining)
 		s.RemainingSamples = len(remaining)
-		s.RemainingP1Ms = Percentile(remaining, 1)
-		s.RemainingP50Ms = Percentile(remaining, 50)
-		s.RemainingP99Ms = Percentile(remaining, 99)
+		s.RemainingP1Ms = eventlog.Percentile(remaining, 1)
+		s.RemainingP50Ms = eventlog.Percentile(remaining, 50)
+		s.RemainingP99Ms = eventlog.Percentile(remaining, 99)
 	}
 	s.FetchP50Ms, s.FetchP99Ms = latency(fetchLat, 50), latency(fetchLat, 99)
 	s.AnyFetchP99Ms = latency(anyLat, 99)
@@ -293,16 +251,7 @@ func latency(us []int64, p float64) float64 {
 	}
 	s := append([]int64(nil), us...)
 	sortInts(s)
-	return math.Round(float64(Percentile(s, p))/10) / 100
-}
-
-// Percentile is the nearest-rank p-th percentile of sorted values.
-func Percentile(sorted []int64, p float64) int64 {
-	if len(sorted) == 0 {
-		return 0
-	}
-	i := int(math.Ceil(p/100*float64(len(sorted)))) - 1
-	return sorted[min(max(i, 0), len(sorted)-1)]
+	return math.Round(float64(eventlog.Percentile(s, p))/10) / 100
 }
 
 // Remaining returns the remaining lease at return (ms, database clock) of

@@ -3,11 +3,11 @@ package worker
 import (
 	"context"
 	"fmt"
-	"sort"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/duroxide-pg/migrations/harness/eventlog"
 )
 
 // SeedInfo is what Seed enqueued.
@@ -103,37 +103,7 @@ func Conservation(seeded []string, events []Event, pending []string) error {
 			produced[e.Item]++
 		}
 	}
-	left := map[string]int{}
-	for _, id := range pending {
-		left[id]++
-	}
-	var problems []string
-	for id, n := range produced {
-		if n > 1 {
-			problems = append(problems, fmt.Sprintf("%s enqueued %d times", id, n))
-		}
-		if c, l := completed[id], left[id]; c+l != 1 {
-			problems = append(problems, fmt.Sprintf("%s completed %d times, pending %d times", id, c, l))
-		}
-	}
-	for id := range completed {
-		if produced[id] == 0 {
-			problems = append(problems, fmt.Sprintf("%s completed but never enqueued", id))
-		}
-	}
-	for id := range left {
-		if produced[id] == 0 {
-			problems = append(problems, fmt.Sprintf("%s pending but never enqueued", id))
-		}
-	}
-	if len(problems) == 0 {
-		return nil
-	}
-	sort.Strings(problems)
-	if len(problems) > 10 {
-		problems = append(problems[:10], fmt.Sprintf("… and %d more", len(problems)-10))
-	}
-	return fmt.Errorf("items not conserved: %s", strings.Join(problems, "; "))
+	return eventlog.Conservation("items", produced, completed, pending)
 }
 
 // MeasureCycle times n uncontended fetch+ack cycles on one connection

@@ -289,7 +289,7 @@ func Run(ctx context.Context, dsn string, cfg Config) (*Log, error) {
 	if watch != nil {
 		go func() { watchDone <- watch.run(watchCtx) }()
 	}
-	r.log.mark(true)
+	r.log.MarkStart()
 	var wg sync.WaitGroup
 	for _, rl := range runtimes {
 		wg.Add(1)
@@ -306,25 +306,18 @@ func Run(ctx context.Context, dsn string, cfg Config) (*Log, error) {
 		}()
 	}
 	wg.Wait()
-	r.log.mark(false)
+	r.log.MarkStop()
 	if watch != nil {
 		stopWatch()
 		if err := <-watchDone; err != nil && ctx.Err() == nil {
 			return nil, fmt.Errorf("worker: lock watcher: %w", err)
 		}
-		r.log.annotate(watch.attribute)
+		r.log.Update(watch.attribute)
 	}
 	if err := ctx.Err(); err != nil {
 		return r.log, err
 	}
 	return r.log, nil
-}
-
-// annotate lets f rewrite the recorded events.
-func (l *Log) annotate(f func([]Event)) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	f(l.events)
 }
 
 // slot is one worker slot: the runtime's activity worker loop.

@@ -101,8 +101,8 @@ func TestConservationNamesWhatWentWrong(t *testing.T) {
 	}
 	require.NoError(t, worker.Conservation([]string{"a", "b"}, []worker.Event{ack("a")}, []string{"b"}))
 	err := worker.Conservation([]string{"a", "b"}, []worker.Event{ack("a"), ack("a")}, nil)
-	require.ErrorContains(t, err, "a completed 2 times")
-	require.ErrorContains(t, err, "b completed 0 times, pending 0 times")
+	require.ErrorContains(t, err, "a consumed 2 times")
+	require.ErrorContains(t, err, "b consumed 0 times, pending 0 times")
 	refill := worker.Event{Kind: worker.KindEnqueue, Item: "c", Outcome: worker.OutcomeOK}
 	require.NoError(t, worker.Conservation([]string{"a"}, []worker.Event{ack("a"), refill}, []string{"c"}))
 }
