@@ -11,6 +11,8 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -262,4 +264,33 @@ func runHarness(t *testing.T, args ...string) (code int, stdout, stderr string) 
 	var out, errOut strings.Builder
 	code = cli.Run(context.Background(), args, &out, &errOut)
 	return code, out.String(), errOut.String()
+}
+
+// The script `harness sql` writes carries the same ownership check, and
+// --role makes it act as the owner.
+func TestSQLScriptRunsAsTheOwnerOrNotAtAll(t *testing.T) {
+	t.Parallel()
+	r := newRoleDB(t)
+	ctx := context.Background()
+	require.NoError(t, r.exec(t, "postgres", fmt.Sprintf("CREATE SCHEMA duroxide AUTHORIZATION %s", r.app)))
+	runner, err := migrate.Open(ctx, r.dsnAs(t, r.app), migrate.Options{Schema: "duroxide"})
+	require.NoError(t, err)
+	_, err = runner.UpTo(ctx, migrations.LastContiguousPort())
+	require.NoError(t, err)
+	runner.Close()
+
+	psql := func(args ...string) (string, error) {
+		file := filepath.Join(t.TempDir(), "up.sql")
+		code, _, errOut := runHarness(t, append([]string{"sql", "up", "--dsn", r.dsnAs(t, "postgres"), "--schema", "duroxide", "-o", file}, args...)...)
+		require.Zero(t, code, errOut)
+		out, err := exec.Command(psqlPath(t), "-X", "-q", "-v", "ON_ERROR_STOP=1", "--single-transaction", "-f", file, r.dsnAs(t, "postgres")).CombinedOutput()
+		return string(out), err
+	}
+	out, err := psql()
+	require.Error(t, err, "run as postgres, the script refuses")
+	require.Contains(t, out, "belong to "+r.app)
+
+	out, err = psql("--role", r.app)
+	require.NoError(t, err, out)
+	r.runsAsTheApplicationOwningIt(t)
 }

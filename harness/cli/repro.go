@@ -140,8 +140,8 @@ func runRepro(ctx context.Context, env *Env, args []string) error {
 	if *dispatchers < 1 || *instances < 1 || *history < 0 || *eventBytes < 1 || *lockTimeout < 0 || *poll <= 0 || *turn < 0 || *duration <= 0 || *skew < 0 {
 		return usagef("organic settings out of range: dispatchers, instances, event-bytes >= 1; poll, duration > 0; history, lock-timeout, turn, skew >= 0")
 	}
-	if *bouncer != "" && !slices.Contains(pgtest.PoolModes, *bouncer) {
-		return usagef("--pgbouncer %q: use a pool mode, one of %s", *bouncer, strings.Join(pgtest.PoolModes, ", "))
+	if *bouncer != "" && !slices.Contains(pgtest.PoolModes(), *bouncer) {
+		return usagef("--pgbouncer %q: use a pool mode, one of %s", *bouncer, strings.Join(pgtest.PoolModes(), ", "))
 	}
 	if runs["organic"] && (versions[0] != int64(bug) || versions[1] != int64(fix)) {
 		return usagef("the organic repro compares versions %d and %d only; drop --versions or use `repro minimal`", bug, fix)

@@ -49,7 +49,7 @@ func runSQL(ctx context.Context, env *Env, args []string) error {
 		return err
 	}
 	defer db.Close()
-	plan, err := sqlscript.Read(ctx, db, sqlscript.Options{Schema: t.schema, VersionTable: t.cfg.VersionTable, Down: down, Target: version})
+	plan, err := sqlscript.Read(ctx, db, sqlscript.Options{Schema: t.schema, VersionTable: t.cfg.VersionTable, Down: down, Target: version, Role: t.role})
 	switch {
 	case errors.Is(err, sqlscript.ErrNothingToDo):
 		fmt.Fprintf(env.Stderr, "harness: %v; no script written\n", err)

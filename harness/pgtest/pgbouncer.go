@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -59,18 +60,14 @@ func FindPgBouncer() (string, error) {
 }
 
 // PoolModes are pgbouncer's pool modes.
-var PoolModes = []string{"session", "transaction", "statement"}
+func PoolModes() []string { return []string{"session", "transaction", "statement"} }
 
 // StartPgBouncer starts pgbouncer in pool mode mode in front of srv: every
 // database name is passed through to srv, clients are trusted (the server
 // authenticates pgbouncer with srv's own user and password).
 func StartPgBouncer(ctx context.Context, srv *Server, mode string) (*PgBouncer, error) {
-	valid := false
-	for _, m := range PoolModes {
-		valid = valid || m == mode
-	}
-	if !valid {
-		return nil, fmt.Errorf("pgbouncer pool mode %q: use one of %s", mode, strings.Join(PoolModes, ", "))
+	if !slices.Contains(PoolModes(), mode) {
+		return nil, fmt.Errorf("pgbouncer pool mode %q: use one of %s", mode, strings.Join(PoolModes(), ", "))
 	}
 	bin, err := FindPgBouncer()
 	if err != nil {

@@ -34,6 +34,9 @@ type Options struct {
 	// Target is the goose version to end at (0 with Down: every migration
 	// rolled back; 0 without: the pack's latest).
 	Target int64
+	// Role, when not empty, is the role the script acts as (SET LOCAL
+	// ROLE at its start): the owner of the schema's objects.
+	Role string
 }
 
 // Plan is what a script does.
@@ -50,6 +53,8 @@ type Plan struct {
 	Down bool
 	// NewVersionTable is true when goose's table does not exist yet.
 	NewVersionTable bool
+	// Role is Options.Role.
+	Role string
 }
 
 // ErrNothingToDo is returned when the schema is already at the target.
@@ -70,7 +75,7 @@ func Read(ctx context.Context, q Querier, opts Options) (Plan, error) {
 	if opts.VersionTable == "" {
 		opts.VersionTable = migrate.VersionTable
 	}
-	p := Plan{Schema: opts.Schema, Down: opts.Down}
+	p := Plan{Schema: opts.Schema, Down: opts.Down, Role: opts.Role}
 	latest := migrations.Latest()
 	if opts.Target == 0 && !opts.Down {
 		opts.Target = latest
@@ -136,6 +141,32 @@ func Write(w io.Writer, p Plan, versionTable string) error {
 -- %s as the harness would. Migrations: %s.
 
 `, verb, p.To, p.Schema, p.From, p.From, versionTable, fileList(p.Migrations))
+	if p.Role != "" {
+		fmt.Fprintf(&b, "SET LOCAL ROLE %s;\n", pgx.Identifier{p.Role}.Sanitize())
+	}
+	// The ownership check of `harness migrate` (migrate.CheckOwner).
+	fmt.Fprintf(&b, `DO $owner$
+DECLARE
+    v_others text;
+BEGIN
+    SELECT string_agg(DISTINCT pg_get_userbyid(o.owner)::text, ', ') INTO v_others
+    FROM (
+        SELECT n.nspowner AS owner FROM pg_namespace n WHERE n.nspname = %[1]s
+        UNION ALL
+        SELECT c.relowner FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+        WHERE n.nspname = %[1]s AND c.relkind IN ('r', 'p', 'S', 'v', 'm')
+        UNION ALL
+        SELECT p.proowner FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+        WHERE n.nspname = %[1]s
+    ) o
+    WHERE pg_get_userbyid(o.owner) <> current_user;
+    IF v_others IS NOT NULL THEN
+        RAISE EXCEPTION 'harness sql: schema %% and its objects belong to %%, and this script runs as %%; nothing was changed', %[1]s, v_others, current_user
+            USING ERRCODE = '42501', HINT = 'Run it as the owner (psql -U), or write it with harness sql --role OWNER.';
+    END IF;
+END;
+$owner$;
+`, quoteLiteral(p.Schema))
 	if p.NewVersionTable {
 		fmt.Fprintf(&b, "CREATE SCHEMA IF NOT EXISTS %s;\n", schema)
 	}
@@ -188,3 +219,6 @@ func fileList(ms []migrations.Migration) string {
 	}
 	return strings.Join(names, ", ")
 }
+
+// quoteLiteral is s as an SQL string literal.
+func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
