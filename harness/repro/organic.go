@@ -2,7 +2,6 @@ package repro
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sort"
 	"time"
@@ -139,6 +138,31 @@ func migrateTo(ctx context.Context, dsn, schema string, version int64) error {
 	return nil
 }
 
+// checkSchemas returns the versions of schemas (version -> schema name) in
+// ascending order, after checking that each schema is at its version;
+// scenario names the caller in errors, prepare the function that migrates
+// them.
+func checkSchemas(ctx context.Context, dsn string, schemas map[int]string, scenario, prepare string) ([]int, error) {
+	if len(schemas) == 0 {
+		return nil, fmt.Errorf("%s: no schema to run against", scenario)
+	}
+	versions := make([]int, 0, len(schemas))
+	for v := range schemas {
+		versions = append(versions, v)
+	}
+	sort.Ints(versions)
+	for _, v := range versions {
+		got, err := schemaVersion(ctx, dsn, schemas[v])
+		if err != nil {
+			return nil, fmt.Errorf("%s: schema %s: %w", scenario, schemas[v], err)
+		}
+		if got != int64(v) {
+			return nil, fmt.Errorf("%s: schema %s is at version %d, not %d (%s migrates it)", scenario, schemas[v], got, v, prepare)
+		}
+	}
+	return versions, nil
+}
+
 func schemaVersion(ctx context.Context, dsn, schema string) (int64, error) {
 	r, err := migrate.Open(ctx, dsn, migrate.Options{Schema: schema})
 	if err != nil {
@@ -248,22 +272,9 @@ func RunOrganic(ctx context.Context, dsn string, schemas map[int]string, cfg dis
 	if progress == nil {
 		progress = func(string) {}
 	}
-	if len(schemas) == 0 {
-		return OrganicResult{}, errors.New("organic: no schema to run against")
-	}
-	versions := make([]int, 0, len(schemas))
-	for v := range schemas {
-		versions = append(versions, v)
-	}
-	sort.Ints(versions)
-	for _, v := range versions {
-		got, err := schemaVersion(ctx, dsn, schemas[v])
-		if err != nil {
-			return OrganicResult{}, fmt.Errorf("organic: schema %s: %w", schemas[v], err)
-		}
-		if got != int64(v) {
-			return OrganicResult{}, fmt.Errorf("organic: schema %s is at version %d, not %d (PrepareOrganic migrates it)", schemas[v], got, v)
-		}
+	versions, err := checkSchemas(ctx, dsn, schemas, "organic", "PrepareOrganic")
+	if err != nil {
+		return OrganicResult{}, err
 	}
 	var cal *Calibration
 	if cfg.LockTimeout == 0 {

@@ -2,7 +2,6 @@ package repro
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"sort"
@@ -227,22 +226,9 @@ func RunWorker(ctx context.Context, dsn string, schemas map[int]string, cfg work
 	if progress == nil {
 		progress = func(string) {}
 	}
-	if len(schemas) == 0 {
-		return WorkerResult{}, errors.New("worker: no schema to run against")
-	}
-	versions := make([]int, 0, len(schemas))
-	for v := range schemas {
-		versions = append(versions, v)
-	}
-	sort.Ints(versions)
-	for _, v := range versions {
-		got, err := schemaVersion(ctx, dsn, schemas[v])
-		if err != nil {
-			return WorkerResult{}, fmt.Errorf("worker: schema %s: %w", schemas[v], err)
-		}
-		if got != int64(v) {
-			return WorkerResult{}, fmt.Errorf("worker: schema %s is at version %d, not %d (PrepareWorker migrates it)", schemas[v], got, v)
-		}
+	versions, err := checkSchemas(ctx, dsn, schemas, "worker", "PrepareWorker")
+	if err != nil {
+		return WorkerResult{}, err
 	}
 	res := WorkerResult{}
 	if cfg.LockTimeout == 0 {
