@@ -33,7 +33,7 @@ bench: ## 0019 vs 0020 (worker: 0024 vs 0026) speed, side by side in one run (ab
 	$(HARNESS) bench --report docs/bench
 
 fuzz: ## fuzz the fault scenarios against the invariants: make fuzz [FUZZTIME=10m]
-	$(GO) test -run '^$$' -fuzz '^FuzzInvariants$$' -fuzztime $(FUZZTIME) -parallel 2 -timeout 0 ./harness/faults
+	$(GO) test -run '^$$' -fuzz '^FuzzInvariants$$' -fuzztime $(FUZZTIME) -parallel 2 -timeout 0 ./harness/sim/faults
 
 soak: ## all faults mixed for 5 minutes, exit 1 on any invariant violation
 	$(HARNESS) soak --duration 5m

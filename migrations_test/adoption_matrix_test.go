@@ -21,14 +21,14 @@ import (
 	_ "github.com/jackc/pgx/v5/stdlib" // database/sql driver "pgx"
 	"github.com/stretchr/testify/require"
 
-	"github.com/duroxide-pg/migrations/harness/baseline"
-	"github.com/duroxide-pg/migrations/harness/catalog"
-	"github.com/duroxide-pg/migrations/harness/doctor"
-	"github.com/duroxide-pg/migrations/harness/fingerprint"
-	"github.com/duroxide-pg/migrations/harness/migrate"
-	"github.com/duroxide-pg/migrations/harness/orch"
-	"github.com/duroxide-pg/migrations/harness/repro"
-	"github.com/duroxide-pg/migrations/harness/testdb"
+	"github.com/duroxide-pg/migrations/harness/ops/baseline"
+	"github.com/duroxide-pg/migrations/harness/ops/catalog"
+	"github.com/duroxide-pg/migrations/harness/ops/doctor"
+	"github.com/duroxide-pg/migrations/harness/ops/fingerprint"
+	"github.com/duroxide-pg/migrations/harness/ops/migrate"
+	"github.com/duroxide-pg/migrations/harness/sim/orch"
+	"github.com/duroxide-pg/migrations/harness/sim/repro"
+	"github.com/duroxide-pg/migrations/harness/testenv/testdb"
 	migrations "github.com/duroxide-pg/migrations/sql"
 )
 

@@ -20,7 +20,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/duroxide-pg/migrations/harness/testdb"
+	"github.com/duroxide-pg/migrations/harness/testenv/testdb"
 )
 
 const (

@@ -15,7 +15,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/duroxide-pg/migrations/harness/upstream"
+	"github.com/duroxide-pg/migrations/harness/testenv/upstream"
 	migrations "github.com/duroxide-pg/migrations/sql"
 )
 

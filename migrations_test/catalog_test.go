@@ -9,10 +9,10 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/duroxide-pg/migrations/harness/catalog"
-	"github.com/duroxide-pg/migrations/harness/fingerprint"
-	"github.com/duroxide-pg/migrations/harness/migrate"
-	"github.com/duroxide-pg/migrations/harness/testdb"
+	"github.com/duroxide-pg/migrations/harness/ops/catalog"
+	"github.com/duroxide-pg/migrations/harness/ops/fingerprint"
+	"github.com/duroxide-pg/migrations/harness/ops/migrate"
+	"github.com/duroxide-pg/migrations/harness/testenv/testdb"
 	migrations "github.com/duroxide-pg/migrations/sql"
 )
 

@@ -12,10 +12,10 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/duroxide-pg/migrations/harness/catalog"
-	"github.com/duroxide-pg/migrations/harness/orch"
-	"github.com/duroxide-pg/migrations/harness/repro"
-	"github.com/duroxide-pg/migrations/harness/testdb"
+	"github.com/duroxide-pg/migrations/harness/ops/catalog"
+	"github.com/duroxide-pg/migrations/harness/sim/orch"
+	"github.com/duroxide-pg/migrations/harness/sim/repro"
+	"github.com/duroxide-pg/migrations/harness/testenv/testdb"
 )
 
 const (

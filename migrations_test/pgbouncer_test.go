@@ -8,8 +8,8 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/stretchr/testify/require"
 
-	"github.com/duroxide-pg/migrations/harness/migrate"
-	"github.com/duroxide-pg/migrations/harness/pgtest"
+	"github.com/duroxide-pg/migrations/harness/ops/migrate"
+	"github.com/duroxide-pg/migrations/harness/testenv/pgtest"
 )
 
 // goose's session lock, and the search_path the migrations run under, do

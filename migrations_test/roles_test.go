@@ -22,10 +22,10 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/duroxide-pg/migrations/harness/cli"
-	"github.com/duroxide-pg/migrations/harness/migrate"
-	"github.com/duroxide-pg/migrations/harness/orch"
-	"github.com/duroxide-pg/migrations/harness/pgtest"
-	"github.com/duroxide-pg/migrations/harness/upstream"
+	"github.com/duroxide-pg/migrations/harness/ops/migrate"
+	"github.com/duroxide-pg/migrations/harness/sim/orch"
+	"github.com/duroxide-pg/migrations/harness/testenv/pgtest"
+	"github.com/duroxide-pg/migrations/harness/testenv/upstream"
 	migrations "github.com/duroxide-pg/migrations/sql"
 )
 

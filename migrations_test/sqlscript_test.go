@@ -14,11 +14,11 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/duroxide-pg/migrations/harness/baseline"
-	"github.com/duroxide-pg/migrations/harness/catalog"
-	"github.com/duroxide-pg/migrations/harness/migrate"
-	"github.com/duroxide-pg/migrations/harness/sqlscript"
-	"github.com/duroxide-pg/migrations/harness/testdb"
+	"github.com/duroxide-pg/migrations/harness/ops/baseline"
+	"github.com/duroxide-pg/migrations/harness/ops/catalog"
+	"github.com/duroxide-pg/migrations/harness/ops/migrate"
+	"github.com/duroxide-pg/migrations/harness/ops/sqlscript"
+	"github.com/duroxide-pg/migrations/harness/testenv/testdb"
 	migrations "github.com/duroxide-pg/migrations/sql"
 )
 

@@ -75,7 +75,7 @@
 -- the pack's 0019 text, or this fix (installed again, no change). Anything
 -- else (a hand edit, a newer upstream) makes it fail with SQLSTATE 55000
 -- naming the function, and the transaction changes nothing. The guard's
--- table is the one home of these fingerprints; harness/fingerprint reads
+-- table is the one home of these fingerprints; harness/ops/fingerprint reads
 -- it from this file.
 --
 -- Down identifies the definition the same way and restores version 19's

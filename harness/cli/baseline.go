@@ -6,9 +6,9 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/duroxide-pg/migrations/harness/baseline"
-	"github.com/duroxide-pg/migrations/harness/migrate"
-	"github.com/duroxide-pg/migrations/harness/pgtest"
+	"github.com/duroxide-pg/migrations/harness/ops/baseline"
+	"github.com/duroxide-pg/migrations/harness/ops/migrate"
+	"github.com/duroxide-pg/migrations/harness/testenv/pgtest"
 )
 
 // runBaseline adopts a database created by duroxide-pg's own runner: see

@@ -9,8 +9,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/duroxide-pg/migrations/harness/pgtest"
-	"github.com/duroxide-pg/migrations/harness/testdb"
+	"github.com/duroxide-pg/migrations/harness/testenv/pgtest"
+	"github.com/duroxide-pg/migrations/harness/testenv/testdb"
 	migrations "github.com/duroxide-pg/migrations/sql"
 )
 

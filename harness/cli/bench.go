@@ -9,7 +9,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/duroxide-pg/migrations/harness/bench"
+	"github.com/duroxide-pg/migrations/harness/sim/bench"
 )
 
 // benchSummary is the line of `harness help` for the bench command.

@@ -11,7 +11,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/duroxide-pg/migrations/harness/bench"
+	"github.com/duroxide-pg/migrations/harness/sim/bench"
 )
 
 func TestBenchUsageErrors(t *testing.T) {

@@ -11,7 +11,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/duroxide-pg/migrations/harness/pgtest"
+	"github.com/duroxide-pg/migrations/harness/testenv/pgtest"
 )
 
 // Exit codes. doctor's follow the monitoring-plugin convention (0 ok,

@@ -13,7 +13,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/duroxide-pg/migrations/harness/pgtest"
+	"github.com/duroxide-pg/migrations/harness/testenv/pgtest"
 	migrations "github.com/duroxide-pg/migrations/sql"
 )
 

@@ -9,7 +9,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/duroxide-pg/migrations/harness/doctor"
+	"github.com/duroxide-pg/migrations/harness/ops/doctor"
 )
 
 // runDoctor checks a duroxide schema (package doctor). Exit codes, for

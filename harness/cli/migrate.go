@@ -9,9 +9,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/duroxide-pg/migrations/harness/config"
-	"github.com/duroxide-pg/migrations/harness/migrate"
-	"github.com/duroxide-pg/migrations/harness/pgtest"
+	"github.com/duroxide-pg/migrations/harness/ops/config"
+	"github.com/duroxide-pg/migrations/harness/ops/migrate"
+	"github.com/duroxide-pg/migrations/harness/testenv/pgtest"
 )
 
 // target is where a command acts: a DSN and a schema, from flags or

@@ -14,12 +14,12 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/duroxide-pg/migrations/harness/dispatch"
-	"github.com/duroxide-pg/migrations/harness/migrate"
-	"github.com/duroxide-pg/migrations/harness/orch"
-	"github.com/duroxide-pg/migrations/harness/pgtest"
-	"github.com/duroxide-pg/migrations/harness/repro"
-	"github.com/duroxide-pg/migrations/harness/worker"
+	"github.com/duroxide-pg/migrations/harness/ops/migrate"
+	"github.com/duroxide-pg/migrations/harness/sim/dispatch"
+	"github.com/duroxide-pg/migrations/harness/sim/orch"
+	"github.com/duroxide-pg/migrations/harness/sim/repro"
+	"github.com/duroxide-pg/migrations/harness/sim/worker"
+	"github.com/duroxide-pg/migrations/harness/testenv/pgtest"
 	migrations "github.com/duroxide-pg/migrations/sql"
 )
 

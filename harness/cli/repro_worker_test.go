@@ -7,7 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/duroxide-pg/migrations/harness/repro"
+	"github.com/duroxide-pg/migrations/harness/sim/repro"
 	migrations "github.com/duroxide-pg/migrations/sql"
 )
 

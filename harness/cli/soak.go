@@ -9,10 +9,10 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/duroxide-pg/migrations/harness/faults"
-	"github.com/duroxide-pg/migrations/harness/invariant"
-	"github.com/duroxide-pg/migrations/harness/migrate"
-	"github.com/duroxide-pg/migrations/harness/pgtest"
+	"github.com/duroxide-pg/migrations/harness/ops/migrate"
+	"github.com/duroxide-pg/migrations/harness/sim/faults"
+	"github.com/duroxide-pg/migrations/harness/sim/invariant"
+	"github.com/duroxide-pg/migrations/harness/testenv/pgtest"
 	migrations "github.com/duroxide-pg/migrations/sql"
 )
 

@@ -7,8 +7,8 @@ import (
 	"os"
 	"strconv"
 
-	"github.com/duroxide-pg/migrations/harness/migrate"
-	"github.com/duroxide-pg/migrations/harness/sqlscript"
+	"github.com/duroxide-pg/migrations/harness/ops/migrate"
+	"github.com/duroxide-pg/migrations/harness/ops/sqlscript"
 )
 
 // runSQL prints the SQL `harness migrate up|down` would run (package

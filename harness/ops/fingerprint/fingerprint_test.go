@@ -1,0 +1,117 @@
+package fingerprint_test
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/duroxide-pg/migrations/harness/ops/fingerprint"
+	migrations "github.com/duroxide-pg/migrations/sql"
+)
+
+// Every row of every guard table says what a fingerprint is; check each
+// claim against the data it can be checked against: upstream's fingerprints
+// per version, and the pack's own bodies.
+func TestGuardRowsAreWhatTheySay(t *testing.T) {
+	for _, m := range migrations.Fixes() {
+		for _, k := range m.Known {
+			switch {
+			case strings.HasPrefix(k.Definition, "upstream "):
+				fps, err := fingerprint.Upstream(k.BehavesAs)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !hasFingerprint(fps, k.Function, k.Fingerprint) {
+					t.Errorf("%s: %s %s is labelled %q, but it is not upstream %d's text", m.File, k.Function, k.Fingerprint, k.Definition, k.BehavesAs)
+				}
+				if k.Fixed {
+					t.Errorf("%s: upstream's %s cannot carry the pack's fix", m.File, k.Function)
+				}
+			case k.Fixed:
+				if !definedBy(m, k) {
+					t.Errorf("%s: %s %s is labelled a fix, but no body of %s has it", m.File, k.Function, k.Fingerprint, m.File)
+				}
+			default:
+				if fingerprint.PackTexts(k.BehavesAs)[k.Function] != k.Fingerprint && !anyPackBody(k) {
+					t.Errorf("%s: %s %s is labelled %q, but no pack body has it", m.File, k.Function, k.Fingerprint, k.Definition)
+				}
+			}
+		}
+	}
+}
+
+// A fix must know upstream's definition of the function at every upstream
+// version from its first port on, or it would refuse a production database.
+func TestEveryFixKnowsUpstreamsDefinitionAtEveryVersionFrom19(t *testing.T) {
+	for _, m := range migrations.Fixes() {
+		for _, fn := range m.Fixes {
+			known := fingerprint.Known(fn)
+			for _, v := range fingerprint.UpstreamVersions() {
+				if v < 19 {
+					continue
+				}
+				fps, err := fingerprint.Upstream(v)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for id, fp := range fps {
+					if fingerprint.NameOf(id) == fn {
+						if _, ok := known[fp]; !ok {
+							t.Errorf("%s does not know upstream %d's %s (%s)", m.File, v, fn, fp)
+						}
+					}
+				}
+			}
+			if fp, ok := fingerprint.PackTexts(migrations.UpstreamAt(m.Version))[fn]; ok {
+				if _, ok := known[fp]; !ok {
+					t.Errorf("%s does not know the pack's own %s before it (%s)", m.File, fn, fp)
+				}
+			}
+		}
+	}
+}
+
+func TestIdentifyNamesUpstreamVersionsAndRefusesUnknownTexts(t *testing.T) {
+	fps, err := fingerprint.Upstream(21)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for id, fp := range fps {
+		if fingerprint.NameOf(id) != "get_instance_stats" {
+			continue
+		}
+		d, ok := fingerprint.Identify(fingerprint.Function{Name: "get_instance_stats", Identity: id, Normalized: fp})
+		if !ok || !strings.HasPrefix(d.Label, "upstream 21") || d.Fixed {
+			t.Errorf("Identify(upstream 21 get_instance_stats) = %+v, %v", d, ok)
+		}
+	}
+	if d, ok := fingerprint.Identify(fingerprint.Function{Name: "ack_orchestration_item", Identity: "x", Raw: migrations.Fingerprint("hand edit")}); ok {
+		t.Errorf("a hand-edited body was identified as %+v", d)
+	}
+}
+
+func hasFingerprint(fps map[string]string, fn, fp string) bool {
+	for id, got := range fps {
+		if fingerprint.NameOf(id) == fn && got == fp {
+			return true
+		}
+	}
+	return false
+}
+
+func definedBy(m migrations.Migration, k migrations.Known) bool {
+	for _, d := range m.Definitions {
+		if d.Function == k.Function && d.Fingerprint() == k.Fingerprint {
+			return true
+		}
+	}
+	return false
+}
+
+func anyPackBody(k migrations.Known) bool {
+	for _, m := range migrations.MustPack() {
+		if definedBy(m, k) {
+			return true
+		}
+	}
+	return false
+}

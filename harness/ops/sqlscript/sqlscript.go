@@ -1,0 +1,224 @@
+// Package sqlscript writes the plain SQL that `harness migrate up` (or
+// `down`) would run on one schema of a database, as one script a DBA can
+// review and then run with psql in a single transaction. The script carries
+// what the runner would do and nothing else: the pack's migration lock, a
+// refusal when the schema is no longer at the goose version the script was
+// written for, each migration's own section (its guards included, so a fix
+// still refuses a definition it does not know), and goose's bookkeeping
+// rows. Rows of _duroxide_migrations are in the sections themselves.
+package sqlscript
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/duroxide-pg/migrations/harness/ops/migrate"
+	migrations "github.com/duroxide-pg/migrations/sql"
+)
+
+// Options say which script to write.
+type Options struct {
+	// Schema is the target schema (migrate.DefaultSchema when empty).
+	Schema string
+	// VersionTable is goose's table in the schema (migrate.VersionTable
+	// when empty).
+	VersionTable string
+	// Down writes the rollback to Target instead of the upgrade.
+	Down bool
+	// Target is the goose version to end at (0 with Down: every migration
+	// rolled back; 0 without: the pack's latest).
+	Target int64
+	// Role, when not empty, is the role the script acts as (SET LOCAL
+	// ROLE at its start): the owner of the schema's objects.
+	Role string
+}
+
+// Plan is what a script does.
+type Plan struct {
+	Schema string
+	// From is the schema's goose version now (0 when goose has no table
+	// yet, which the script then creates).
+	From int64
+	// To is the version the script ends at.
+	To int64
+	// Migrations are the files it runs, in order.
+	Migrations []migrations.Migration
+	// Down is true for a rollback.
+	Down bool
+	// NewVersionTable is true when goose's table does not exist yet.
+	NewVersionTable bool
+	// Role is Options.Role.
+	Role string
+}
+
+// ErrNothingToDo is returned when the schema is already at the target.
+var ErrNothingToDo = errors.New("nothing to do")
+
+// Querier is what Read reads through.
+type Querier interface {
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
+// Read works out the plan for the schema as it is now. It refuses, like
+// `harness migrate`, a schema that duroxide-pg's own runner made and that
+// was never baselined, and a target the pack does not have.
+func Read(ctx context.Context, q Querier, opts Options) (Plan, error) {
+	if opts.Schema == "" {
+		opts.Schema = migrate.DefaultSchema
+	}
+	if opts.VersionTable == "" {
+		opts.VersionTable = migrate.VersionTable
+	}
+	p := Plan{Schema: opts.Schema, Down: opts.Down, Role: opts.Role}
+	latest := migrations.Latest()
+	if opts.Target == 0 && !opts.Down {
+		opts.Target = latest
+	}
+	if opts.Target < 0 || opts.Target > latest {
+		return p, fmt.Errorf("%w: %d (the pack has 1..%d)", migrate.ErrNoSuchVersion, opts.Target, latest)
+	}
+	var upstream, goose bool
+	if err := q.QueryRowContext(ctx, `SELECT
+		EXISTS (SELECT 1 FROM pg_tables WHERE schemaname = $1 AND tablename = '_duroxide_migrations'),
+		EXISTS (SELECT 1 FROM pg_tables WHERE schemaname = $1 AND tablename = $2)`,
+		opts.Schema, opts.VersionTable).Scan(&upstream, &goose); err != nil {
+		return p, fmt.Errorf("look for the bookkeeping tables of schema %s: %w", opts.Schema, err)
+	}
+	if upstream && !goose {
+		return p, fmt.Errorf("%w: schema %s has duroxide-pg's _duroxide_migrations but no goose table %s. Adopt it first: `harness baseline --schema %s --dry-run`, then without --dry-run",
+			migrate.ErrNeedsBaseline, opts.Schema, opts.VersionTable, opts.Schema)
+	}
+	p.NewVersionTable = !goose
+	if goose {
+		var v sql.NullInt64
+		table := pgx.Identifier{opts.Schema, opts.VersionTable}.Sanitize()
+		if err := q.QueryRowContext(ctx, "SELECT max(version_id) FROM "+table).Scan(&v); err != nil {
+			return p, fmt.Errorf("read %s: %w", table, err)
+		}
+		p.From = v.Int64
+	}
+	p.To = opts.Target
+	for _, m := range migrations.MustPack() {
+		if (!opts.Down && m.Version > p.From && m.Version <= p.To) || (opts.Down && m.Version > p.To && m.Version <= p.From) {
+			p.Migrations = append(p.Migrations, m)
+		}
+	}
+	if opts.Down {
+		for i, j := 0, len(p.Migrations)-1; i < j; i, j = i+1, j-1 {
+			p.Migrations[i], p.Migrations[j] = p.Migrations[j], p.Migrations[i]
+		}
+	}
+	if len(p.Migrations) == 0 {
+		return p, fmt.Errorf("%w: schema %s is at goose version %d", ErrNothingToDo, opts.Schema, p.From)
+	}
+	return p, nil
+}
+
+// Write writes the script of p, for goose's table versionTable (empty:
+// migrate.VersionTable).
+func Write(w io.Writer, p Plan, versionTable string) error {
+	if versionTable == "" {
+		versionTable = migrate.VersionTable
+	}
+	schema := pgx.Identifier{p.Schema}.Sanitize()
+	table := pgx.Identifier{versionTable}.Sanitize()
+	verb := "up"
+	if p.Down {
+		verb = "down"
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, `-- harness sql: what `+"`harness migrate %s --to %d`"+` runs on schema %s, now at goose version %d.
+-- Review it, then run it in one transaction:
+--   psql -v ON_ERROR_STOP=1 --single-transaction -f THIS_FILE "$DSN"
+-- It waits for the pack's migration lock, refuses (changing nothing) when the
+-- schema is no longer at goose version %d, and records each migration in
+-- %s as the harness would. Migrations: %s.
+
+`, verb, p.To, p.Schema, p.From, p.From, versionTable, fileList(p.Migrations))
+	if p.Role != "" {
+		fmt.Fprintf(&b, "SET LOCAL ROLE %s;\n", pgx.Identifier{p.Role}.Sanitize())
+	}
+	// The ownership check of `harness migrate` (migrate.CheckOwner).
+	fmt.Fprintf(&b, `DO $owner$
+DECLARE
+    v_others text;
+BEGIN
+    SELECT string_agg(DISTINCT pg_get_userbyid(o.owner)::text, ', ') INTO v_others
+    FROM (
+        SELECT n.nspowner AS owner FROM pg_namespace n WHERE n.nspname = %[1]s
+        UNION ALL
+        SELECT c.relowner FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+        WHERE n.nspname = %[1]s AND c.relkind IN ('r', 'p', 'S', 'v', 'm')
+        UNION ALL
+        SELECT p.proowner FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+        WHERE n.nspname = %[1]s
+    ) o
+    WHERE pg_get_userbyid(o.owner) <> current_user;
+    IF v_others IS NOT NULL THEN
+        RAISE EXCEPTION 'harness sql: schema %% and its objects belong to %%, and this script runs as %%; nothing was changed', %[1]s, v_others, current_user
+            USING ERRCODE = '42501', HINT = 'Run it as the owner (psql -U), or write it with harness sql --role OWNER.';
+    END IF;
+END;
+$owner$;
+`, quoteLiteral(p.Schema))
+	if p.NewVersionTable {
+		fmt.Fprintf(&b, "CREATE SCHEMA IF NOT EXISTS %s;\n", schema)
+	}
+	fmt.Fprintf(&b, "SET search_path TO %s;\n", migrate.SearchPath(p.Schema))
+	fmt.Fprintf(&b, "-- The lock `harness migrate` holds while it runs (held here until commit).\nSELECT pg_advisory_xact_lock(%d);\n\n", migrate.LockID(p.Schema))
+	if p.NewVersionTable {
+		fmt.Fprintf(&b, `-- goose's version table, as goose creates it.
+CREATE TABLE IF NOT EXISTS %s (
+    id integer PRIMARY KEY GENERATED BY DEFAULT AS IDENTITY,
+    version_id bigint NOT NULL,
+    is_applied boolean NOT NULL,
+    tstamp timestamp NOT NULL DEFAULT now()
+);
+INSERT INTO %s (version_id, is_applied) SELECT 0, true WHERE NOT EXISTS (SELECT 1 FROM %s);
+
+`, table, table, table)
+	}
+	fmt.Fprintf(&b, `DO $moved$
+DECLARE
+    v_version bigint := (SELECT max(version_id) FROM %s);
+BEGIN
+    IF v_version IS DISTINCT FROM %d THEN
+        RAISE EXCEPTION 'harness sql: schema %% is at goose version %%, not %d as when this script was written; nothing was changed', current_schema(), v_version
+            USING ERRCODE = '55000', HINT = 'Write the script again: harness sql';
+    END IF;
+END;
+$moved$;
+`, table, p.From, p.From)
+	for _, m := range p.Migrations {
+		section, what := m.Up, "Up"
+		if p.Down {
+			section, what = m.Down, "Down"
+		}
+		fmt.Fprintf(&b, "\n-- ==== %s (%s) ====\n%s\n", m.File, what, strings.TrimSpace(section))
+		if p.Down {
+			fmt.Fprintf(&b, "DELETE FROM %s WHERE version_id = %d;\n", table, m.Version)
+		} else {
+			fmt.Fprintf(&b, "INSERT INTO %s (version_id, is_applied) VALUES (%d, true);\n", table, m.Version)
+		}
+	}
+	fmt.Fprintf(&b, "\n-- End: schema %s at goose version %d.\n", p.Schema, p.To)
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+func fileList(ms []migrations.Migration) string {
+	names := make([]string, len(ms))
+	for i, m := range ms {
+		names[i] = m.File
+	}
+	return strings.Join(names, ", ")
+}
+
+// quoteLiteral is s as an SQL string literal.
+func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }

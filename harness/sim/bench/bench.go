@@ -1,0 +1,723 @@
+// Package bench measures what schema version 20 (fetch_orchestration_item
+// never waits, lease computed at return) does to speed compared with 19, on
+// one PostgreSQL server, both versions in the same run: every scenario is
+// run round after round, 19 then 20 in each round (and the bare queue
+// baseline after them where there is one), and the report gives the median
+// over the rounds of each figure and the ratio 20/19. Numbers of different
+// runs are never compared.
+//
+// Scenarios (see docs/BENCH.md):
+//
+//   - backlog: 200 instances, one pending message each and a 500-event
+//     history, dispatchers N = 1, 4, 8, 16, lock timeout 100 ms; each ack
+//     enqueues the instance's next message (steady state);
+//   - hot: one instance with a 5000-event history that always has a
+//     message, N = 16, lock timeout 30 ms;
+//   - queue_only: 2000 instances without history, N = 1 and 8, plus the
+//     bare single-statement dequeue (baseline.go) on the same tables;
+//   - migrate: the wall time of Up 0 -> 19 and 0 -> 20 on a fresh database.
+//
+// Each dispatcher scenario has its own schema per version, seeded once
+// (dispatch.Seed) and snapshotted; before every cell the schema is put back
+// to that seeded state (reset), so every round of every N starts from the
+// same rows whatever the previous run appended, poisoned or left locked.
+package bench
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/duroxide-pg/migrations/harness/ops/migrate"
+	"github.com/duroxide-pg/migrations/harness/sim/dispatch"
+	"github.com/duroxide-pg/migrations/harness/testenv/pgtest"
+	migrations "github.com/duroxide-pg/migrations/sql"
+)
+
+// Versions are the schema versions compared: the version before the pack's
+// fix of fetch_orchestration_item, and that fix (read from sql/).
+func Versions() (bug, fix int64) { return migrations.FetchFix() }
+
+// Scenario names (also the JSON values).
+const (
+	Backlog   = "backlog"
+	Hot       = "hot"
+	QueueOnly = "queue_only"
+	Migrate   = "migrate"
+	Worker    = "worker"
+)
+
+// AllScenarios lists every scenario in the order a round runs them.
+func AllScenarios() []string { return []string{Backlog, Hot, QueueOnly, Migrate, Worker} }
+
+// Config is a benchmark run. Zero fields take Defaults' values, except the
+// slices, which are taken as given when not nil.
+type Config struct {
+	// Rounds is how many times each cell runs per version (>= 1; the
+	// harness command asks for at least 3).
+	Rounds int `json:"rounds"`
+	// Duration is how long one cell runs, per version and round.
+	Duration time.Duration `json:"-"`
+	// Scenarios to run, from AllScenarios.
+	Scenarios []string `json:"scenarios"`
+
+	BacklogInstances   int           `json:"backlog_instances"`
+	BacklogHistory     int           `json:"backlog_history_events"`
+	BacklogDispatchers []int         `json:"backlog_dispatchers"`
+	BacklogLockTimeout time.Duration `json:"-"`
+
+	HotHistory     int           `json:"hot_history_events"`
+	HotDispatchers int           `json:"hot_dispatchers"`
+	HotLockTimeout time.Duration `json:"-"`
+
+	QueueInstances   int           `json:"queue_instances"`
+	QueueDispatchers []int         `json:"queue_dispatchers"`
+	QueueLockTimeout time.Duration `json:"-"`
+
+	// WorkerDispatchers are the worker counts of the worker scenario (each
+	// run without and with sessions), WorkerItems its backlog and
+	// WorkerLockTimeout its lock timeout (see worker.go).
+	WorkerDispatchers []int         `json:"worker_dispatchers"`
+	WorkerItems       int           `json:"worker_items"`
+	WorkerLockTimeout time.Duration `json:"-"`
+
+	// EventBytes is the approximate size of one seeded history event.
+	EventBytes int `json:"event_bytes"`
+	// PollInterval is the dispatchers' (and the baseline workers') minimum
+	// poll interval.
+	PollInterval time.Duration `json:"-"`
+}
+
+// Defaults is the full benchmark (`harness bench`): 3 rounds of 2.5 s per
+// cell, every scenario as the issue sets it. On the 2-core development
+// machine the whole run takes about 3 minutes.
+func Defaults() Config {
+	return Config{
+		Rounds:             3,
+		Duration:           2500 * time.Millisecond,
+		Scenarios:          AllScenarios(),
+		BacklogInstances:   200,
+		BacklogHistory:     500,
+		BacklogDispatchers: []int{1, 4, 8, 16},
+		BacklogLockTimeout: 100 * time.Millisecond,
+		HotHistory:         5000,
+		HotDispatchers:     16,
+		HotLockTimeout:     30 * time.Millisecond,
+		QueueInstances:     2000,
+		QueueDispatchers:   []int{1, 8},
+		QueueLockTimeout:   100 * time.Millisecond,
+		WorkerDispatchers:  []int{1, 8},
+		WorkerItems:        500,
+		WorkerLockTimeout:  defaultWorkerLockTimeout,
+		EventBytes:         250,
+		PollInterval:       dispatch.DefaultPollInterval,
+	}
+}
+
+// WithDefaults fills the zero fields from Defaults.
+func (c Config) WithDefaults() Config {
+	d := Defaults()
+	setInt := func(p *int, v int) {
+		if *p <= 0 {
+			*p = v
+		}
+	}
+	setDur := func(p *time.Duration, v time.Duration) {
+		if *p <= 0 {
+			*p = v
+		}
+	}
+	setInt(&c.Rounds, d.Rounds)
+	setDur(&c.Duration, d.Duration)
+	if c.Scenarios == nil {
+		c.Scenarios = d.Scenarios
+	}
+	setInt(&c.BacklogInstances, d.BacklogInstances)
+	setInt(&c.BacklogHistory, d.BacklogHistory)
+	if c.BacklogDispatchers == nil {
+		c.BacklogDispatchers = d.BacklogDispatchers
+	}
+	setDur(&c.BacklogLockTimeout, d.BacklogLockTimeout)
+	setInt(&c.HotHistory, d.HotHistory)
+	setInt(&c.HotDispatchers, d.HotDispatchers)
+	setDur(&c.HotLockTimeout, d.HotLockTimeout)
+	setInt(&c.QueueInstances, d.QueueInstances)
+	if c.QueueDispatchers == nil {
+		c.QueueDispatchers = d.QueueDispatchers
+	}
+	setDur(&c.QueueLockTimeout, d.QueueLockTimeout)
+	if c.WorkerDispatchers == nil {
+		c.WorkerDispatchers = d.WorkerDispatchers
+	}
+	setInt(&c.WorkerItems, d.WorkerItems)
+	setDur(&c.WorkerLockTimeout, d.WorkerLockTimeout)
+	setInt(&c.EventBytes, d.EventBytes)
+	setDur(&c.PollInterval, d.PollInterval)
+	return c
+}
+
+// Validate rejects a config that cannot run.
+func (c Config) Validate() error {
+	for _, s := range c.Scenarios {
+		if !validScenario(s) {
+			return fmt.Errorf("bench: unknown scenario %q (have %s)", s, strings.Join(AllScenarios(), ", "))
+		}
+	}
+	for _, n := range append(append(append([]int(nil), c.BacklogDispatchers...), c.QueueDispatchers...), c.WorkerDispatchers...) {
+		if n < 1 {
+			return fmt.Errorf("bench: dispatcher counts must be >= 1, got %d", n)
+		}
+	}
+	if c.Duration < 10*time.Millisecond {
+		return fmt.Errorf("bench: a cell of %v is too short", c.Duration)
+	}
+	return nil
+}
+
+func validScenario(s string) bool {
+	for _, k := range AllScenarios() {
+		if s == k {
+			return true
+		}
+	}
+	return false
+}
+
+func (c Config) has(s string) bool {
+	for _, k := range c.Scenarios {
+		if k == s {
+			return true
+		}
+	}
+	return false
+}
+
+// Cell is one scenario at one dispatcher count: its settings, every round
+// of every side, and the figures (medians, ratios).
+type Cell struct {
+	Scenario      string  `json:"scenario"`
+	Dispatchers   int     `json:"dispatchers,omitempty"`
+	Instances     int     `json:"instances,omitempty"`
+	HistoryEvents int     `json:"history_events"`
+	LockTimeoutMs int64   `json:"lock_timeout_ms,omitempty"`
+	DurationS     float64 `json:"duration_s,omitempty"`
+	// Migrate cells: the version Up goes to on the 19 and 20 sides.
+	Rounds  []RoundSample `json:"rounds"`
+	Figures []Figure      `json:"figures"`
+}
+
+// Name is the cell's short name ("backlog N=8").
+func (c *Cell) Name() string {
+	if c.Scenario == Migrate {
+		return "migrate Up 0->N"
+	}
+	return fmt.Sprintf("%s N=%d", c.Scenario, c.Dispatchers)
+}
+
+// ServerInfo says what the run ran on.
+type ServerInfo struct {
+	Backend string `json:"backend"`
+	Version string `json:"server_version"`
+	// CPU is how the server CPU figures were read, or "n/a (why)".
+	CPU string `json:"cpu_source"`
+	// CPUs is the client machine's CPU count (runtime.NumCPU).
+	CPUs int `json:"cpus"`
+}
+
+// Result is a whole run; it serialises to stable snake_case JSON.
+type Result struct {
+	Settings  Settings   `json:"settings"`
+	Server    ServerInfo `json:"server"`
+	StartedAt time.Time  `json:"started_at"`
+	TotalS    float64    `json:"total_s"`
+	Cells     []Cell     `json:"cells"`
+	// Worker holds the worker scenario's cells, which compare other
+	// versions (WorkerVersions) than the cells above.
+	Worker  []WorkerCell `json:"worker_cells,omitempty"`
+	Targets []Target     `json:"targets"`
+}
+
+// Settings echoes the config in readable units.
+type Settings struct {
+	Config
+	DurationS            float64 `json:"cell_duration_s"`
+	BacklogLockTimeoutMs int64   `json:"backlog_lock_timeout_ms"`
+	HotLockTimeoutMs     int64   `json:"hot_lock_timeout_ms"`
+	QueueLockTimeoutMs   int64   `json:"queue_lock_timeout_ms"`
+	PollIntervalMs       int64   `json:"poll_interval_ms"`
+}
+
+func settingsOf(c Config) Settings {
+	return Settings{Config: c, DurationS: c.Duration.Seconds(),
+		BacklogLockTimeoutMs: c.BacklogLockTimeout.Milliseconds(), HotLockTimeoutMs: c.HotLockTimeout.Milliseconds(),
+		QueueLockTimeoutMs: c.QueueLockTimeout.Milliseconds(), PollIntervalMs: c.PollInterval.Milliseconds()}
+}
+
+// Cell returns the cell of scenario at n dispatchers (n is ignored for
+// migrate), or nil.
+func (r *Result) Cell(scenario string, n int) *Cell {
+	for i := range r.Cells {
+		c := &r.Cells[i]
+		if c.Scenario == scenario && (scenario == Migrate || c.Dispatchers == n) {
+			return c
+		}
+	}
+	return nil
+}
+
+// Progress is one step of a run, reported before the step starts.
+type Progress struct {
+	Step, Steps int
+	Round       int
+	Rounds      int
+	Label       string
+	Elapsed     time.Duration
+}
+
+// Steps is the number of cell runs a config makes.
+func (c Config) Steps() int {
+	c = c.WithDefaults()
+	per := 0
+	if c.has(Backlog) {
+		per += 2 * len(c.BacklogDispatchers)
+	}
+	if c.has(Hot) {
+		per += 2
+	}
+	if c.has(QueueOnly) {
+		per += 3 * len(c.QueueDispatchers)
+	}
+	if c.has(Migrate) {
+		per += 2
+	}
+	if c.has(Worker) {
+		per += c.workerSteps()
+	}
+	return per * c.Rounds
+}
+
+// prepared is a seeded schema and what reset needs.
+type prepared struct {
+	schema string
+	// history is the number of seeded events per instance (0: none).
+	history int
+}
+
+// Run runs the benchmark cfg on srv: it creates a database (dropped at the
+// end), migrates and seeds one schema per scenario and version, then runs
+// the rounds. progress, when not nil, is called before every step.
+func Run(ctx context.Context, srv *pgtest.Server, cfg Config, progress func(Progress)) (Result, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return Result{}, err
+	}
+	if progress == nil {
+		progress = func(Progress) {}
+	}
+	start := time.Now()
+	res := Result{Settings: settingsOf(cfg), StartedAt: start.UTC().Truncate(time.Second),
+		Server: ServerInfo{Backend: string(srv.Backend()), CPUs: runtime.NumCPU()}}
+
+	db, err := srv.CreateDatabase(ctx, "harness_bench_", "")
+	if err != nil {
+		return res, err
+	}
+	defer func() { _ = srv.DropDatabase(context.Background(), db) }()
+	dsn := srv.DSN(db)
+	res.Server.Version = serverVersion(ctx, dsn)
+	cpu, cpuSource := newServerCPU(ctx, dsn)
+	res.Server.CPU = cpuSource
+
+	step := 0
+	note := func(round int, label string) {
+		step++
+		progress(Progress{Step: step, Steps: cfg.Steps(), Round: round, Rounds: cfg.Rounds, Label: label, Elapsed: time.Since(start)})
+	}
+
+	// Schemas: one per dispatcher scenario and version, plus the baseline's.
+	type key struct {
+		scenario string
+		side     string
+	}
+	schemas := map[key]prepared{}
+	prep := func(scenario, side string, version int64, dcfg dispatch.Config, dropHistory bool) error {
+		schema := fmt.Sprintf("bench_%s_%s", scenario, side)
+		if err := migrateSchema(ctx, dsn, schema, version); err != nil {
+			return err
+		}
+		dcfg.Schema = schema
+		if _, err := dispatch.Seed(ctx, dsn, dcfg); err != nil {
+			return fmt.Errorf("bench: seed %s: %w", schema, err)
+		}
+		p := prepared{schema: schema, history: dcfg.HistoryEvents}
+		if dropHistory {
+			p.history = 0
+		}
+		if err := snapshot(ctx, dsn, p, dropHistory); err != nil {
+			return err
+		}
+		schemas[key{scenario, side}] = p
+		return nil
+	}
+	bugVersion, fixVersion := Versions()
+	sides := []struct {
+		side    string
+		version int64
+	}{{SideV19, bugVersion}, {SideV20, fixVersion}}
+	progress(Progress{Steps: cfg.Steps(), Rounds: cfg.Rounds, Label: "migrating and seeding the schemas", Elapsed: time.Since(start)})
+	for _, s := range sides {
+		if cfg.has(Backlog) {
+			if err := prep(Backlog, s.side, s.version, backlogConfig(cfg, 1), false); err != nil {
+				return res, err
+			}
+		}
+		if cfg.has(Hot) {
+			if err := prep(Hot, s.side, s.version, hotConfig(cfg), false); err != nil {
+				return res, err
+			}
+		}
+		if cfg.has(QueueOnly) {
+			if err := prep(QueueOnly, s.side, s.version, queueConfig(cfg, 1), true); err != nil {
+				return res, err
+			}
+		}
+	}
+	if cfg.has(QueueOnly) {
+		if err := prep(QueueOnly, SideBaseline, fixVersion, queueConfig(cfg, 1), true); err != nil {
+			return res, err
+		}
+	}
+
+	var wb *workerBench
+	if cfg.has(Worker) {
+		if wb, err = newWorkerBench(ctx, dsn, cfg); err != nil {
+			return res, err
+		}
+	}
+
+	// The cells, in report order.
+	cellOf := map[string]int{}
+	addCell := func(c Cell) {
+		cellOf[c.Name()] = len(res.Cells)
+		res.Cells = append(res.Cells, c)
+	}
+	dur := cfg.Duration.Seconds()
+	if cfg.has(Backlog) {
+		for _, n := range cfg.BacklogDispatchers {
+			addCell(Cell{Scenario: Backlog, Dispatchers: n, Instances: cfg.BacklogInstances, HistoryEvents: cfg.BacklogHistory,
+				LockTimeoutMs: cfg.BacklogLockTimeout.Milliseconds(), DurationS: dur})
+		}
+	}
+	if cfg.has(Hot) {
+		addCell(Cell{Scenario: Hot, Dispatchers: cfg.HotDispatchers, Instances: 1, HistoryEvents: cfg.HotHistory,
+			LockTimeoutMs: cfg.HotLockTimeout.Milliseconds(), DurationS: dur})
+	}
+	if cfg.has(QueueOnly) {
+		for _, n := range cfg.QueueDispatchers {
+			addCell(Cell{Scenario: QueueOnly, Dispatchers: n, Instances: cfg.QueueInstances, HistoryEvents: 0,
+				LockTimeoutMs: cfg.QueueLockTimeout.Milliseconds(), DurationS: dur})
+		}
+	}
+	if cfg.has(Migrate) {
+		addCell(Cell{Scenario: Migrate})
+	}
+	record := func(name string, round int, side string, s Sample) {
+		c := &res.Cells[cellOf[name]]
+		c.Rounds = append(c.Rounds, RoundSample{Round: round, Side: side, Sample: s})
+	}
+
+	dispatchCell := func(round int, scenario string, n int, dcfg dispatch.Config) error {
+		name := (&Cell{Scenario: scenario, Dispatchers: n}).Name()
+		for _, s := range sides {
+			note(round, fmt.Sprintf("%s v%d", name, s.version))
+			p := schemas[key{scenario, s.side}]
+			sample, err := runDispatch(ctx, dsn, p, dcfg, cpu)
+			if err != nil {
+				return fmt.Errorf("bench: %s v%d round %d: %w", name, s.version, round, err)
+			}
+			record(name, round, s.side, sample)
+		}
+		return nil
+	}
+	for round := 1; round <= cfg.Rounds; round++ {
+		if cfg.has(Backlog) {
+			for _, n := range cfg.BacklogDispatchers {
+				if err := dispatchCell(round, Backlog, n, backlogConfig(cfg, n)); err != nil {
+					return res, err
+				}
+			}
+		}
+		if cfg.has(Hot) {
+			if err := dispatchCell(round, Hot, cfg.HotDispatchers, hotConfig(cfg)); err != nil {
+				return res, err
+			}
+		}
+		if cfg.has(QueueOnly) {
+			for _, n := range cfg.QueueDispatchers {
+				if err := dispatchCell(round, QueueOnly, n, queueConfig(cfg, n)); err != nil {
+					return res, err
+				}
+				name := (&Cell{Scenario: QueueOnly, Dispatchers: n}).Name()
+				note(round, name+" baseline")
+				sample, err := runBaselineCell(ctx, dsn, schemas[key{QueueOnly, SideBaseline}], n, cfg, cpu)
+				if err != nil {
+					return res, fmt.Errorf("bench: %s baseline round %d: %w", name, round, err)
+				}
+				record(name, round, SideBaseline, sample)
+			}
+		}
+		if cfg.has(Migrate) {
+			for _, s := range sides {
+				note(round, fmt.Sprintf("migrate Up 0->%d", s.version))
+				ms, err := timeMigration(ctx, srv, s.version)
+				if err != nil {
+					return res, err
+				}
+				record((&Cell{Scenario: Migrate}).Name(), round, s.side, Sample{WallMs: fp(ms)})
+			}
+		}
+		if wb != nil {
+			if err := wb.round(ctx, round, note); err != nil {
+				return res, err
+			}
+		}
+	}
+	if wb != nil {
+		res.Worker = wb.finish()
+	}
+	for i := range res.Cells {
+		res.Cells[i].computeFigures()
+	}
+	res.Targets = EvaluateTargets(&res)
+	res.TotalS = time.Since(start).Seconds()
+	return res, nil
+}
+
+func backlogConfig(cfg Config, n int) dispatch.Config {
+	return dispatch.Config{Dispatchers: n, Instances: cfg.BacklogInstances, HistoryEvents: cfg.BacklogHistory,
+		EventBytes: cfg.EventBytes, LockTimeout: cfg.BacklogLockTimeout, PollInterval: cfg.PollInterval, Duration: cfg.Duration}
+}
+
+func hotConfig(cfg Config) dispatch.Config {
+	return dispatch.Config{Dispatchers: cfg.HotDispatchers, Instances: 1, HistoryEvents: cfg.HotHistory,
+		EventBytes: cfg.EventBytes, LockTimeout: cfg.HotLockTimeout, PollInterval: cfg.PollInterval, Duration: cfg.Duration}
+}
+
+// queueConfig seeds one event per instance (dispatch.Seed's minimum), which
+// prep then deletes: the instances run without history.
+func queueConfig(cfg Config, n int) dispatch.Config {
+	return dispatch.Config{Dispatchers: n, Instances: cfg.QueueInstances, HistoryEvents: 1,
+		EventBytes: 1, LockTimeout: cfg.QueueLockTimeout, PollInterval: cfg.PollInterval, Duration: cfg.Duration}
+}
+
+func migrateSchema(ctx context.Context, dsn, schema string, version int64) error {
+	if err := migrate.To(ctx, dsn, schema, version); err != nil {
+		return fmt.Errorf("bench: %w", err)
+	}
+	return nil
+}
+
+// timeMigration creates a fresh database, times Up 0 -> version in it
+// (opening the runner included) and drops it.
+func timeMigration(ctx context.Context, srv *pgtest.Server, version int64) (float64, error) {
+	db, err := srv.CreateDatabase(ctx, "harness_bench_migrate_", "")
+	if err != nil {
+		return 0, err
+	}
+	defer func() { _ = srv.DropDatabase(context.Background(), db) }()
+	start := time.Now()
+	if err := migrateSchema(ctx, srv.DSN(db), migrate.DefaultSchema, version); err != nil {
+		return 0, err
+	}
+	return float64(time.Since(start).Microseconds()) / 1000, nil
+}
+
+// The tables a reset restores from their snapshot, and those it empties.
+var (
+	snapshotTables = []string{"instances", "executions", "orchestrator_queue"}
+	emptiedTables  = []string{"instances", "executions", "orchestrator_queue", "worker_queue", "instance_locks", "kv_store", "sessions"}
+)
+
+// snapshot records the seeded state of p.schema (bench_snap_<table>
+// tables in the same schema); dropHistory first deletes the seeded history.
+func snapshot(ctx context.Context, dsn string, p prepared, dropHistory bool) error {
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.Background())
+	q := func(t string) string { return pgx.Identifier{p.schema, t}.Sanitize() }
+	if dropHistory {
+		if _, err := conn.Exec(ctx, "DELETE FROM "+q("history")); err != nil {
+			return fmt.Errorf("bench: snapshot %s: %w", p.schema, err)
+		}
+	}
+	for _, t := range snapshotTables {
+		if _, err := conn.Exec(ctx, "DROP TABLE IF EXISTS "+q("bench_snap_"+t)+"; CREATE TABLE "+q("bench_snap_"+t)+
+			" AS SELECT * FROM "+q(t)); err != nil {
+			return fmt.Errorf("bench: snapshot %s.%s: %w", p.schema, t, err)
+		}
+	}
+	return nil
+}
+
+// reset puts p.schema back to its seeded state: the snapshotted tables
+// restored, locks, worker queue, KV and sessions emptied, history cut back
+// to the seeded events, then VACUUM ANALYZE, so that dead rows of earlier
+// runs do not weigh on the next.
+func reset(ctx context.Context, dsn string, p prepared) error {
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.Background())
+	q := func(t string) string { return pgx.Identifier{p.schema, t}.Sanitize() }
+	quoted := make([]string, len(emptiedTables))
+	for i, t := range emptiedTables {
+		quoted[i] = q(t)
+	}
+	stmts := []string{"BEGIN", "TRUNCATE " + strings.Join(quoted, ", ")}
+	for _, t := range snapshotTables {
+		stmts = append(stmts, "INSERT INTO "+q(t)+" SELECT * FROM "+q("bench_snap_"+t))
+	}
+	stmts = append(stmts, fmt.Sprintf("DELETE FROM %s WHERE event_id > %d", q("history"), p.history), "COMMIT")
+	if _, err := conn.Exec(ctx, strings.Join(stmts, "; ")); err != nil {
+		return fmt.Errorf("bench: reset %s: %w", p.schema, err)
+	}
+	if _, err := conn.Exec(ctx, "VACUUM ANALYZE "+q("history")+", "+strings.Join(quoted, ", ")); err != nil {
+		return fmt.Errorf("bench: vacuum %s: %w", p.schema, err)
+	}
+	return nil
+}
+
+func runDispatch(ctx context.Context, dsn string, p prepared, dcfg dispatch.Config, cpu *serverCPU) (Sample, error) {
+	if err := reset(ctx, dsn, p); err != nil {
+		return Sample{}, err
+	}
+	dcfg.Schema = p.schema
+	w := cpu.begin()
+	log, err := dispatch.Run(ctx, dsn, dcfg)
+	if err != nil {
+		return Sample{}, err
+	}
+	cpuS := w.end()
+	s := SampleFromEvents(log.Events(), log.Elapsed())
+	s.setCPU(cpuS)
+	return s, nil
+}
+
+func runBaselineCell(ctx context.Context, dsn string, p prepared, n int, cfg Config, cpu *serverCPU) (Sample, error) {
+	if err := reset(ctx, dsn, p); err != nil {
+		return Sample{}, err
+	}
+	w := cpu.begin()
+	s, err := runBaseline(ctx, dsn, p.schema, n, cfg.Duration, cfg.QueueLockTimeout, cfg.PollInterval)
+	if err != nil {
+		return Sample{}, err
+	}
+	s.setCPU(w.end())
+	return s, nil
+}
+
+func serverVersion(ctx context.Context, dsn string) string {
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		return "unknown"
+	}
+	defer conn.Close(context.Background())
+	var v string
+	if err := conn.QueryRow(ctx, "SHOW server_version").Scan(&v); err != nil {
+		return "unknown"
+	}
+	return v
+}
+
+// Target is one of the issue's targets: reported, not asserted.
+type Target struct {
+	Name string `json:"name"`
+	Want string `json:"want"`
+	Got  string `json:"got"`
+	Met  bool   `json:"met"`
+	// Measured is false when the figures it needs were not measured (the
+	// scenario did not run, or a side had no value).
+	Measured bool `json:"measured"`
+}
+
+// EvaluateTargets checks the issue's targets against the medians.
+func EvaluateTargets(r *Result) []Target {
+	var out []Target
+	ratioTarget := func(name, scenario string, n int, key string, atLeast bool, bound float64) {
+		t := Target{Name: name}
+		if atLeast {
+			t.Want = fmt.Sprintf(">= %.2fx", bound)
+		} else {
+			t.Want = fmt.Sprintf("<= %.2fx", bound)
+		}
+		c := r.Cell(scenario, n)
+		if c == nil || c.Figure(key) == nil {
+			t.Got = "not measured"
+			out = append(out, t)
+			return
+		}
+		f := c.Figure(key)
+		switch {
+		case f.V19 == nil || f.V20 == nil:
+			t.Got = "not measured"
+		case f.Ratio != nil:
+			t.Measured = true
+			t.Got = fmt.Sprintf("%.2fx (%s vs %s)", *f.Ratio, num(f.V20), num(f.V19))
+			t.Met = (atLeast && *f.Ratio >= bound) || (!atLeast && *f.Ratio <= bound)
+		default: // v19 is 0
+			t.Measured = true
+			t.Got = fmt.Sprintf("unbounded (%s vs 0)", num(f.V20))
+			t.Met = atLeast && *f.V20 > 0
+		}
+		out = append(out, t)
+	}
+	if len(r.Settings.BacklogDispatchers) > 0 {
+		ratioTarget("backlog N=8: cycles/s, 20 vs 19", Backlog, 8, "cycles_per_s", true, 1.5)
+		ratioTarget("backlog N=8: fetch p99, 20 vs 19", Backlog, 8, "fetch_p99_ms", false, 0.5)
+		ratioTarget("backlog N=1: cycles/s, 20 vs 19", Backlog, 1, "cycles_per_s", true, 0.95)
+	}
+	ratioTarget("hot: cycles/s, 20 vs 19", Hot, r.Settings.HotDispatchers, "cycles_per_s", true, 20)
+	hot := Target{Name: "hot: dead-on-arrival leases at 20", Want: "0 in every round", Got: "not measured"}
+	if c := r.Cell(Hot, r.Settings.HotDispatchers); c != nil {
+		if m := c.maxOver(SideV20, "dead_on_arrival"); m != nil {
+			var per []string
+			total := 0.0
+			for _, rs := range c.Rounds {
+				if rs.Side == SideV20 && rs.Sample.DeadOnArrival != nil {
+					per = append(per, num(rs.Sample.DeadOnArrival))
+					total += *rs.Sample.DeadOnArrival
+				}
+			}
+			hot.Measured, hot.Met = true, *m == 0
+			hot.Got = fmt.Sprintf("%s per round (%s of %s fetches)", strings.Join(per, ", "), num(&total), fetchesOf(c, SideV20))
+		}
+	}
+	out = append(out, hot)
+	q := Target{Name: "queue_only N=1: cycles/s, 20 vs bare baseline", Want: ">= 0.50x", Got: "not measured"}
+	if c := r.Cell(QueueOnly, 1); c != nil {
+		if f := c.Figure("cycles_per_s"); f != nil && f.RatioToBaseline != nil {
+			q.Measured = true
+			q.Met = *f.RatioToBaseline >= 0.5
+			q.Got = fmt.Sprintf("%.2fx (%s vs %s)", *f.RatioToBaseline, num(f.V20), num(f.Baseline))
+		}
+	}
+	out = append(out, q)
+	return out
+}
+
+func fetchesOf(c *Cell, side string) string {
+	n := 0
+	for _, rs := range c.Rounds {
+		if rs.Side == side {
+			n += rs.Sample.Fetches
+		}
+	}
+	return fmt.Sprint(n)
+}

@@ -1,0 +1,120 @@
+package dispatch
+
+import (
+	"github.com/duroxide-pg/migrations/harness/sim/eventlog"
+)
+
+// Kind says which provider call an Event records.
+type Kind string
+
+// The kinds of Event.
+const (
+	// KindFetch is one fetch_orchestration_item call (with or without a row).
+	KindFetch Kind = "fetch"
+	// KindRenew is one renew_orchestration_item_lock call.
+	KindRenew Kind = "renew"
+	// KindAck is the ack of a normal turn (or of a terminal instance's batch).
+	KindAck Kind = "ack"
+	// KindFailAck is the runtime's second ack after an ack failed: the same
+	// token, carrying one OrchestrationFailed (Infrastructure) event.
+	KindFailAck Kind = "fail_ack"
+	// KindPoison is the poison ack of a batch whose attempt_count exceeded
+	// MaxAttempts.
+	KindPoison Kind = "poison"
+	// KindAbandon is an abandon_orchestration_item call (only on the
+	// runtime's pinned-version check, which the seeded instances pass).
+	KindAbandon Kind = "abandon"
+)
+
+// Outcomes other than an error text.
+const (
+	OutcomeOK               = "ok"
+	OutcomeEmpty            = "empty"              // a fetch that returned no row
+	OutcomeInvalidLockToken = "invalid_lock_token" // ack/abandon 'Invalid lock token', renew 'Lock token invalid, expired, or already released'
+)
+
+// Event is one provider call made by a simulated dispatcher. Times are epoch
+// milliseconds; "caller" times are the dispatcher's own clock, skew
+// included, as the runtime mints p_now_ms.
+type Event struct {
+	Dispatcher int    `json:"dispatcher"`
+	Kind       Kind   `json:"kind"`
+	Instance   string `json:"instance,omitempty"`
+	Token      string `json:"token,omitempty"`
+	// CallerBeforeMs is the caller's clock just before the call: the p_now_ms
+	// it passed. CallerAfterMs is the caller's clock when the call returned.
+	CallerBeforeMs int64 `json:"caller_before_ms"`
+	CallerAfterMs  int64 `json:"caller_after_ms"`
+	// LatencyUs is the call's wall time in microseconds.
+	LatencyUs int64 `json:"latency_us"`
+	// For a fetch that returned a row: the database clock and the lease's
+	// locked_until, read right after the fetch returned; RemainingMs is
+	// LockedUntilMs - CallerAfterMs. LeaseLost means the lease was no longer
+	// in instance_locks when read (another dispatcher had already taken the
+	// instance over, so it was expired by that dispatcher's clock):
+	// LockedUntilMs and RemainingMs are then unknown (0) and the lease
+	// counts as dead on arrival.
+	DBAtReturnMs int64 `json:"db_at_return_ms,omitempty"`
+	// DBReturnMs is the database clock when the function had returned (read
+	// in the fetch's own statement). DeliveryMs is DBAtReturnMs minus it:
+	// the time, by the database clock, from the function's return until
+	// the lease was read after the row reached the caller (the row's
+	// delivery plus one round trip).
+	DBReturnMs    int64 `json:"db_return_ms,omitempty"`
+	DeliveryMs    int64 `json:"delivery_ms,omitempty"`
+	LockedUntilMs int64 `json:"locked_until_ms,omitempty"`
+	RemainingMs   int64 `json:"remaining_ms"`
+	// LeaseAgeMs is how old the lease was when the row reached the caller:
+	// CallerAfterMs - (LockedUntilMs - lock timeout). A lease counted from
+	// p_now_ms (version 19) is as old as the whole call; one computed at the
+	// end of the call (version 20) only as old as the row's delivery.
+	LeaseAgeMs int64 `json:"lease_age_ms"`
+	LeaseLost  bool  `json:"lease_lost,omitempty"`
+	// AttemptCount is the fetched batch's attempt_count (fetch, and the acks
+	// of that batch).
+	AttemptCount int32 `json:"attempt_count,omitempty"`
+	// Outcome is OutcomeOK, OutcomeEmpty, OutcomeInvalidLockToken or the
+	// error text.
+	Outcome string `json:"outcome"`
+	// Messages are the ids of the batch's messages (fetch and its acks);
+	// Enqueued the ids an ack enqueued for the instance.
+	Messages []string `json:"messages,omitempty"`
+	Enqueued []string `json:"enqueued,omitempty"`
+	// Detail qualifies an ack: "terminal" for the batch of a terminal
+	// instance, acked with no changes.
+	Detail string `json:"detail,omitempty"`
+}
+
+// HasRow reports a fetch that returned a row (a lease).
+func (e Event) HasRow() bool { return e.Kind == KindFetch && e.Token != "" }
+
+// DeadOnArrival reports a fetch whose lease had already expired, by the
+// caller's own clock, when the row reached the caller.
+func (e Event) DeadOnArrival() bool { return e.HasRow() && (e.LeaseLost || e.RemainingMs <= 0) }
+
+// DeadAtReturn reports a fetch whose lease had already expired, by the
+// database clock, when the function returned: what the function controls.
+// A lease lost before it could be read counts as dead at return.
+func (e Event) DeadAtReturn() bool {
+	return e.HasRow() && (e.LeaseLost || (e.DBReturnMs > 0 && e.LockedUntilMs <= e.DBReturnMs))
+}
+
+// ExpiredInDelivery reports a lease alive when the function returned but
+// expired, by the caller's clock, when the row reached the caller: the
+// row's delivery (a large history) outlasted the lease.
+func (e Event) ExpiredInDelivery() bool { return e.DeadOnArrival() && !e.DeadAtReturn() }
+
+// LockTimeoutMs is the lock timeout the fetch passed, from its lease
+// (0 when the lease was not read).
+func (e Event) LockTimeoutMs() int64 {
+	if e.LeaseLost {
+		return 0
+	}
+	return e.LeaseAgeMs + e.RemainingMs
+}
+
+// Log collects the events of a run; it is safe for concurrent use.
+type Log = eventlog.Log[Event]
+
+// NewLog returns an empty log.
+func NewLog() *Log { return eventlog.New[Event]() }

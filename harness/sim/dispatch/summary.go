@@ -1,0 +1,234 @@
+package dispatch
+
+import (
+	"math"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/duroxide-pg/migrations/harness/sim/eventlog"
+)
+
+// Summary reduces a run's events. Field names are stable (JSON).
+type Summary struct {
+	ElapsedS float64 `json:"elapsed_s"`
+
+	// FetchCalls counts every fetch call; Fetches those that returned a row
+	// (a lease), EmptyFetches those that returned none, FetchErrors those
+	// that failed.
+	FetchCalls   int `json:"fetch_calls"`
+	Fetches      int `json:"fetches"`
+	EmptyFetches int `json:"empty_fetches"`
+	FetchErrors  int `json:"fetch_errors"`
+	// Deadlocks counts the fetch errors that were deadlocks (40P01).
+	Deadlocks int `json:"deadlocks"`
+
+	// DeadOnArrival counts returned leases already expired by the caller's
+	// clock when the row reached it (RemainingMs <= 0, or lost before it
+	// could be read); DeadOnArrivalPct is its share of Fetches.
+	DeadOnArrival    int     `json:"dead_on_arrival"`
+	DeadOnArrivalPct float64 `json:"dead_on_arrival_pct"`
+	LeasesLost       int     `json:"leases_lost_before_read"`
+	// DeadAtReturn counts returned leases already expired by the database
+	// clock when the function returned (Event.DeadAtReturn): the defect
+	// the fix removes. ExpiredInDelivery counts the other dead-on-arrival
+	// leases, alive at return but expired by the time the row reached the
+	// caller; DeliveryMaxMs is the longest delivery among them, and
+	// ExpiredInShortDelivery counts those whose delivery was shorter than
+	// the lock timeout (their lease was not whole at return).
+	DeadAtReturn           int     `json:"dead_at_return"`
+	DeadAtReturnPct        float64 `json:"dead_at_return_pct"`
+	ExpiredInDelivery      int     `json:"expired_in_delivery"`
+	ExpiredInShortDelivery int     `json:"expired_in_short_delivery"`
+	DeliveryMaxMs          int64   `json:"expired_in_delivery_max_delivery_ms"`
+
+	// AckCalls counts the first ack of each batch (kinds ack and poison);
+	// InvalidLockAcks those refused with 'Invalid lock token', and
+	// InvalidLockAckPct their number as a share of Fetches.
+	AckCalls          int     `json:"ack_calls"`
+	InvalidLockAcks   int     `json:"invalid_lock_acks"`
+	InvalidLockAckPct float64 `json:"invalid_lock_ack_pct_of_fetches"`
+	// LiveLeaseInvalidAcks counts the refused acks of leases that were
+	// alive when they reached the caller (not dead on arrival).
+	LiveLeaseInvalidAcks   int     `json:"live_lease_invalid_acks"`
+	LiveLeaseInvalidAckPct float64 `json:"live_lease_invalid_ack_pct_of_fetches"`
+	// CompletedTurns counts successful acks of normal turns; TurnsPerSec is
+	// CompletedTurns / ElapsedS.
+	CompletedTurns int     `json:"completed_turns"`
+	TurnsPerSec    float64 `json:"turns_per_s"`
+	PoisonAcks     int     `json:"poison_acks"`
+	PoisonAcksOK   int     `json:"poison_acks_ok"`
+	FailAcks       int     `json:"fail_acks"`
+	FailAcksOK     int     `json:"fail_acks_ok"`
+	Renewals       int     `json:"renewals"`
+	RenewalsFailed int     `json:"renewals_failed"`
+	Abandons       int     `json:"abandons"`
+	OtherErrors    int     `json:"other_errors"`
+	FirstError     string  `json:"first_error,omitempty"`
+
+	// MaxAttemptCount is the highest attempt_count a fetch returned;
+	// ExceededMaxAttempts says whether it exceeded MaxAttempts.
+	MaxAttemptCount     int  `json:"max_attempt_count"`
+	MaxAttempts         int  `json:"max_attempts"`
+	ExceededMaxAttempts bool `json:"exceeded_max_attempts"`
+
+	// Remaining lease at return (LockedUntilMs - CallerAfterMs) over the
+	// leases that could be read (RemainingSamples of them), in ms.
+	RemainingSamples int   `json:"remaining_samples"`
+	RemainingMinMs   int64 `json:"remaining_min_ms"`
+	RemainingP1Ms    int64 `json:"remaining_p1_ms"`
+	RemainingP50Ms   int64 `json:"remaining_p50_ms"`
+	RemainingP99Ms   int64 `json:"remaining_p99_ms"`
+	RemainingMaxMs   int64 `json:"remaining_max_ms"`
+	// Lease age at return (Event.LeaseAgeMs) over the same leases, in ms.
+	LeaseAgeP50Ms int64 `json:"lease_age_p50_ms"`
+	LeaseAgeP99Ms int64 `json:"lease_age_p99_ms"`
+	LeaseAgeMaxMs int64 `json:"lease_age_max_ms"`
+
+	// Fetch call latency in ms: over every call, and over the calls that
+	// returned a row.
+	FetchLatencyP50Ms      float64 `json:"fetch_latency_p50_ms"`
+	FetchLatencyP99Ms      float64 `json:"fetch_latency_p99_ms"`
+	LeaseFetchLatencyP50Ms float64 `json:"lease_fetch_latency_p50_ms"`
+	LeaseFetchLatencyP99Ms float64 `json:"lease_fetch_latency_p99_ms"`
+}
+
+// Summarize reduces events of a run that lasted elapsed, with the
+// runtime's max_attempts.
+func Summarize(events []Event, elapsed time.Duration, maxAttempts int) Summary {
+	s := Summary{ElapsedS: elapsed.Seconds(), MaxAttempts: maxAttempts}
+	var remaining, age, lat, leaseLat []int64
+	deadOnArrival := map[string]bool{} // lease token -> dead on arrival
+	noteErr := func(e Event) {
+		s.OtherErrors++
+		if s.FirstError == "" {
+			s.FirstError = string(e.Kind) + ": " + e.Outcome
+		}
+	}
+	for _, e := range events {
+		switch e.Kind {
+		case KindFetch:
+			s.FetchCalls++
+			lat = append(lat, e.LatencyUs)
+			switch {
+			case e.HasRow():
+				s.Fetches++
+				leaseLat = append(leaseLat, e.LatencyUs)
+				s.MaxAttemptCount = max(s.MaxAttemptCount, int(e.AttemptCount))
+				deadOnArrival[e.Token] = e.DeadOnArrival()
+				if e.DeadOnArrival() {
+					s.DeadOnArrival++
+				}
+				switch {
+				case e.DeadAtReturn():
+					s.DeadAtReturn++
+				case e.ExpiredInDelivery():
+					s.ExpiredInDelivery++
+					s.DeliveryMaxMs = max(s.DeliveryMaxMs, e.DeliveryMs)
+					if e.DeliveryMs < e.LockTimeoutMs() {
+						s.ExpiredInShortDelivery++
+					}
+				}
+				if e.LeaseLost {
+					s.LeasesLost++
+				} else {
+					remaining = append(remaining, e.RemainingMs)
+					age = append(age, e.LeaseAgeMs)
+				}
+			case e.Outcome == OutcomeEmpty:
+				s.EmptyFetches++
+			default:
+				s.FetchErrors++
+				if strings.Contains(e.Outcome, "40P01") {
+					s.Deadlocks++
+				}
+				noteErr(e)
+			}
+		case KindAck, KindPoison:
+			s.AckCalls++
+			if e.Kind == KindPoison {
+				s.PoisonAcks++
+			}
+			switch e.Outcome {
+			case OutcomeOK:
+				if e.Kind == KindPoison {
+					s.PoisonAcksOK++
+				} else if e.Detail == "" {
+					s.CompletedTurns++
+				}
+			case OutcomeInvalidLockToken:
+				s.InvalidLockAcks++
+				if dead, fetched := deadOnArrival[e.Token]; fetched && !dead {
+					s.LiveLeaseInvalidAcks++
+				}
+			default:
+				noteErr(e)
+			}
+		case KindFailAck:
+			s.FailAcks++
+			if e.Outcome == OutcomeOK {
+				s.FailAcksOK++
+			}
+		case KindRenew:
+			s.Renewals++
+			if e.Outcome != OutcomeOK {
+				s.RenewalsFailed++
+			}
+		case KindAbandon:
+			s.Abandons++
+		}
+	}
+	s.ExceededMaxAttempts = s.MaxAttemptCount > maxAttempts
+	if s.Fetches > 0 {
+		s.DeadOnArrivalPct = 100 * float64(s.DeadOnArrival) / float64(s.Fetches)
+		s.InvalidLockAckPct = 100 * float64(s.InvalidLockAcks) / float64(s.Fetches)
+		s.DeadAtReturnPct = 100 * float64(s.DeadAtReturn) / float64(s.Fetches)
+		s.LiveLeaseInvalidAckPct = 100 * float64(s.LiveLeaseInvalidAcks) / float64(s.Fetches)
+	}
+	if s.ElapsedS > 0 {
+		s.TurnsPerSec = float64(s.CompletedTurns) / s.ElapsedS
+	}
+	if len(remaining) > 0 {
+		sort.Slice(remaining, func(i, j int) bool { return remaining[i] < remaining[j] })
+		s.RemainingSamples = len(remaining)
+		s.RemainingMinMs = remaining[0]
+		s.RemainingMaxMs = remaining[len(remaining)-1]
+		s.RemainingP1Ms = Percentile(remaining, 1)
+		s.RemainingP50Ms = Percentile(remaining, 50)
+		s.RemainingP99Ms = Percentile(remaining, 99)
+		sort.Slice(age, func(i, j int) bool { return age[i] < age[j] })
+		s.LeaseAgeP50Ms = Percentile(age, 50)
+		s.LeaseAgeP99Ms = Percentile(age, 99)
+		s.LeaseAgeMaxMs = age[len(age)-1]
+	}
+	ms := func(us int64) float64 { return math.Round(float64(us)/10) / 100 }
+	if len(lat) > 0 {
+		sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
+		s.FetchLatencyP50Ms, s.FetchLatencyP99Ms = ms(Percentile(lat, 50)), ms(Percentile(lat, 99))
+	}
+	if len(leaseLat) > 0 {
+		sort.Slice(leaseLat, func(i, j int) bool { return leaseLat[i] < leaseLat[j] })
+		s.LeaseFetchLatencyP50Ms, s.LeaseFetchLatencyP99Ms = ms(Percentile(leaseLat, 50)), ms(Percentile(leaseLat, 99))
+	}
+	return s
+}
+
+// Percentile is the nearest-rank p-th percentile of sorted values.
+func Percentile(sorted []int64, p float64) int64 { return eventlog.Percentile(sorted, p) }
+
+// Remaining returns the remaining lease at return (ms) of every fetch that
+// returned a readable lease, and the number of leases lost before they
+// could be read.
+func Remaining(events []Event) (values []int64, lost int) {
+	for _, e := range events {
+		if !e.HasRow() {
+			continue
+		}
+		if e.LeaseLost {
+			lost++
+			continue
+		}
+		values = append(values, e.RemainingMs)
+	}
+	return values, lost
+}
