@@ -65,7 +65,7 @@ func TestBaselineCommand(t *testing.T) {
 
 func TestBaselineCommandRefusals(t *testing.T) {
 	t.Parallel()
-	d := dbs.New(t, 19)
+	d := dbs.New(t, migrations.LastContiguousPort())
 	base := []string{"--dsn", d.DSN, "--schema", d.Schema}
 	sqlExec(t, d, "DELETE FROM "+d.Qualify("goose_db_version")+" WHERE version_id > 2")
 	code, _, errOut := runCmd(t, runBaseline, base...)

@@ -12,20 +12,25 @@ import (
 	"github.com/duroxide-pg/migrations/harness/sim/bench"
 )
 
-// benchSummary is the line of `harness help` for the bench command.
-const benchSummary = "speed before and after the pack's fixes (0019 against 0020; worker: 0024 against 0026), side by side in one run: bench [--rounds 3] [--duration 2.5s] [--scenarios backlog,hot,queue-only,migrate,worker] [--json FILE] [--report DIR] [--dsn DSN]"
+// benchSummary is the line of `harness help` for the bench command (the
+// versions compared are in `harness bench -h`, read from the pack).
+const benchSummary = "speed before and after the pack's fixes, side by side in one run: bench [--rounds 3] [--duration 2.5s] [--scenarios backlog,hot,queue-only,migrate,worker] [--json FILE] [--report DIR] [--dsn DSN]"
 
 // runBench is `harness bench`: every scenario of package bench, rounds
-// alternating 19 and 20 (the worker scenario: the versions before and after
-// the worker fixes), on a throwaway server (or --dsn), a table of
-// medians and ratios on stdout, a progress line on stderr.
+// alternating the versions before and after the fix of
+// fetch_orchestration_item (the worker scenario: before and after the
+// worker fixes), on a throwaway server (or --dsn), a table of medians and
+// ratios on stdout, a progress line on stderr.
 func runBench(ctx context.Context, env *Env, args []string) error {
 	def := bench.Defaults()
 	fs := newFlags(env, "bench")
 	dsn := fs.String("dsn", "", "use this existing server (a database is created and dropped) instead of a throwaway one")
 	rounds := fs.Int("rounds", def.Rounds, "rounds per cell and version (at least 3)")
 	duration := fs.Duration("duration", def.Duration, "run time of one cell, per version and round")
-	scenarios := fs.String("scenarios", strings.Join(def.Scenarios, ","), "scenarios to run: backlog, hot, queue-only, migrate, worker")
+	bug, fix := bench.Versions()
+	wbug, wfix := bench.WorkerVersions()
+	scenarios := fs.String("scenarios", strings.Join(def.Scenarios, ","), fmt.Sprintf(
+		"scenarios to run: backlog, hot, queue-only, migrate (schema %d against %d), worker (schema %d against %d)", bug, fix, wbug, wfix))
 	jsonFile := fs.String("json", "", "write the result as JSON to this file")
 	reportDir := fs.String("report", "", "write report.md, throughput.svg and bench.json into this directory")
 	pos, err := parse(fs, args)

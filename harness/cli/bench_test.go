@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"flag"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -37,18 +38,22 @@ func TestBenchHelp(t *testing.T) {
 	err := runBench(context.Background(), env, []string{"-h"})
 	require.True(t, errors.Is(err, flag.ErrHelp))
 	require.Contains(t, out.String(), "-rounds")
+	bug, fix := bench.Versions()
+	wbug, wfix := bench.WorkerVersions()
+	require.Contains(t, out.String(), fmt.Sprintf("migrate (schema %d against %d), worker (schema %d against %d)", bug, fix, wbug, wfix),
+		"the help names the versions compared, read from the pack")
 	require.Contains(t, benchSummary, "bench")
 }
 
 func TestBenchProgressLine(t *testing.T) {
 	var out bytes.Buffer
 	p := newProgressBar(&out)
-	p.update(bench.Progress{Step: 1, Steps: 4, Round: 1, Rounds: 3, Label: "backlog N=1 v19", Elapsed: time.Second})
-	p.update(bench.Progress{Step: 3, Steps: 4, Round: 1, Rounds: 3, Label: "backlog N=1 v20", Elapsed: 4 * time.Second})
+	p.update(bench.Progress{Step: 1, Steps: 4, Round: 1, Rounds: 3, Label: "backlog N=1 before", Elapsed: time.Second})
+	p.update(bench.Progress{Step: 3, Steps: 4, Round: 1, Rounds: 3, Label: "backlog N=1 after", Elapsed: 4 * time.Second})
 	p.done()
 	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
 	require.Len(t, lines, 2, "not a terminal: one line per step")
-	require.Contains(t, lines[0], "1/4 round 1/3 backlog N=1 v19")
+	require.Contains(t, lines[0], "1/4 round 1/3 backlog N=1 before")
 	require.Contains(t, lines[1], "[############............]")
 	require.Contains(t, lines[1], "~4s left")
 }

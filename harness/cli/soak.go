@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"math/rand/v2"
 	"os"
 	"text/tabwriter"
 	"time"
@@ -16,33 +15,13 @@ import (
 	migrations "github.com/duroxide-pg/migrations/sql"
 )
 
-// soakSummary is what soak prints and --json writes.
+// soakSummary is what soak prints and --json writes: faults.Soak's sum
+// and where it ran.
 type soakSummary struct {
-	Version       int64            `json:"version"`
-	Backend       string           `json:"backend"`
-	ElapsedS      float64          `json:"elapsed_s"`
-	Rounds        int              `json:"rounds"`
-	FetchCalls    int              `json:"fetch_calls"`
-	Fetches       int              `json:"fetches"`
-	CommittedAcks int              `json:"committed_acks"`
-	InvalidAcks   int              `json:"invalid_lock_acks"`
-	DeadLeases    int              `json:"dead_leases"`
-	MaxAttempt    int              `json:"max_attempt_count"`
-	Faults        faults.Counts    `json:"faults"`
-	Checks        int              `json:"invariants_checked"`
-	Messages      int              `json:"messages_checked"`
-	Violations    int              `json:"violations"`
-	ByInvariant   map[string]int   `json:"violations_by_invariant"`
-	First         []string         `json:"first_violations,omitempty"`
-	RoundConfigs  []faults.Config  `json:"round_configs"`
-	RoundResults  []soakRoundBrief `json:"round_results"`
-	RestartsNote  string           `json:"restarts_note,omitempty"`
-}
-
-type soakRoundBrief struct {
-	Fetches    int `json:"fetches"`
-	Faults     int `json:"faults"`
-	Violations int `json:"violations"`
+	Version int64  `json:"version"`
+	Backend string `json:"backend"`
+	faults.SoakSummary
+	RestartsNote string `json:"restarts_note,omitempty"`
 }
 
 func runSoak(ctx context.Context, env *Env, args []string) error {
@@ -58,7 +37,7 @@ func runSoak(ctx context.Context, env *Env, args []string) error {
 	if err != nil {
 		return err
 	}
-	latest := migrations.Latest()
+	latest, oldest := migrations.Latest(), faults.OldestVersion()
 	switch {
 	case len(pos) > 0:
 		return usagef("soak takes no arguments, got %q (run `harness soak -h`)", pos[0])
@@ -68,8 +47,8 @@ func runSoak(ctx context.Context, env *Env, args []string) error {
 		return usagef("--round must be at least 1s, e.g. --round 20s")
 	case *version < 0 || *version > latest:
 		return usagef("--version %d: the pack has 1..%d", *version, latest)
-	case *version != 0 && *version < 19:
-		return usagef("--version %d: the simulated dispatchers call version 19's functions; use 19..%d", *version, latest)
+	case *version != 0 && *version < oldest:
+		return usagef("--version %d: the simulated dispatchers run on version %d's functions and later; use %d..%d", *version, oldest, oldest, latest)
 	}
 	if *version == 0 {
 		*version = latest
@@ -93,66 +72,27 @@ func runSoak(ctx context.Context, env *Env, args []string) error {
 		return err
 	}
 
-	sum := soakSummary{Version: *version, Backend: string(srv.Backend()), ByInvariant: map[string]int{}}
-	canRestart := srv.Backend() == pgtest.Local && !*noRestart
-	if !canRestart {
-		sum.RestartsNote = "no server restarts: "
-		if *noRestart {
-			sum.RestartsNote += "--no-restart"
-		} else {
-			sum.RestartsNote += "only the local backend's server can be restarted"
-		}
+	opts := faults.SoakOptions{Schema: schema, Duration: *duration, Round: *round, Seed: *seed,
+		OnRound: func(n int, res *faults.Result) {
+			c := res.Config
+			fmt.Fprintf(env.Stderr, "round %d (%d dispatchers, %d instances, T %v, skew %v..%v): %s\n", n,
+				c.Dispatchers, c.Instances, c.LockTimeout, c.SkewFor(0, c.Dispatchers), c.SkewFor(c.Dispatchers-1, c.Dispatchers), res.Line())
+		}}
+	sum := soakSummary{Version: *version, Backend: string(srv.Backend())}
+	switch {
+	case *noRestart:
+		sum.RestartsNote = "no server restarts: --no-restart"
+	case srv.Backend() != pgtest.Local:
+		sum.RestartsNote = "no server restarts: only the local backend's server can be restarted"
+	default:
+		opts.Restart = srv.Restart
 	}
 	fmt.Fprintf(env.Stderr, "harness: soak of version %d for %v (%s backend, rounds of %v, seed %d)\n", *version, *duration, srv.Backend(), *round, *seed)
-	rng := rand.New(rand.NewPCG(*seed, 1))
-	start := time.Now()
-	for time.Since(start) < *duration && ctx.Err() == nil {
-		d := min(*round, *duration-time.Since(start))
-		if d < time.Second {
-			break
-		}
-		sc := faults.Mixed(rng, d, canRestart && sum.Rounds%3 == 2)
-		sc.Config.Schema = schema
-		if sc.NeedsRestart {
-			sc.Config.Restart = srv.Restart
-		}
-		res, err := faults.Run(ctx, dbDSN, sc.Config, sc.Checks)
-		if err != nil {
-			return fmt.Errorf("soak round %d: %w", sum.Rounds+1, err)
-		}
-		sum.Rounds++
-		sum.FetchCalls += res.Summary.FetchCalls
-		sum.Fetches += res.Report.Leases
-		sum.CommittedAcks += res.Report.CommittedAcks
-		sum.InvalidAcks += res.Summary.InvalidLockAcks
-		sum.DeadLeases += res.Report.DeadLeases
-		sum.MaxAttempt = max(sum.MaxAttempt, res.Report.MaxAttemptCount)
-		sum.Faults.KillsInjected += res.Faults.KillsInjected
-		sum.Faults.KillsMidFetch += res.Faults.KillsMidFetch
-		sum.Faults.KillsMidAck += res.Faults.KillsMidAck
-		sum.Faults.Crashes += res.Faults.Crashes
-		sum.Faults.Timeouts += res.Faults.Timeouts
-		sum.Faults.Restarts += res.Faults.Restarts
-		sum.Faults.ConnLost += res.Faults.ConnLost
-		sum.Faults.Reconnects += res.Faults.Reconnects
-		sum.Checks += res.Report.Checks
-		sum.Messages += res.Report.Messages
-		sum.Violations += len(res.Report.Violations)
-		for _, v := range res.Report.Violations {
-			sum.ByInvariant[v.Invariant]++
-			if len(sum.First) < 10 {
-				sum.First = append(sum.First, fmt.Sprintf("round %d: %s", sum.Rounds, v))
-			}
-		}
-		sum.RoundConfigs = append(sum.RoundConfigs, res.Config)
-		sum.RoundResults = append(sum.RoundResults, soakRoundBrief{res.Report.Leases, int(res.Faults.Total()), len(res.Report.Violations)})
-		fmt.Fprintf(env.Stderr, "round %d (%d dispatchers, %d instances, T %v, skew %v..%v): %s\n", sum.Rounds,
-			res.Config.Dispatchers, res.Config.Instances, res.Config.LockTimeout, res.Config.SkewFor(0), res.Config.SkewFor(res.Config.Dispatchers-1), res.Line())
-	}
-	if err := ctx.Err(); err != nil {
+	soaked, err := faults.Soak(ctx, dbDSN, opts)
+	if err != nil {
 		return err
 	}
-	sum.ElapsedS = time.Since(start).Seconds()
+	sum.SoakSummary = *soaked
 
 	tw := tabwriter.NewWriter(env.Stdout, 0, 0, 2, ' ', 0)
 	row := func(k string, v any) { fmt.Fprintf(tw, "%s\t%v\t\n", k, v) }

@@ -235,7 +235,7 @@ func requireNoGooseTable(t *testing.T, d *testdb.Database, db *sql.DB) {
 func TestRefusesAnExistingGooseTableUnlessForced(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	d := dbs.New(t, 19)
+	d := dbs.New(t, migrations.LastContiguousPort())
 	db := openDB(t, d)
 	// goose says 3, duroxide-pg says 19: someone migrated by other means.
 	exec(t, db, "DELETE FROM "+d.Qualify(migrate.VersionTable)+" WHERE version_id > 3")

@@ -108,7 +108,7 @@ func TestEveryFixedFunctionIsIdentifiedAtEveryPackVersion(t *testing.T) {
 
 func TestVerdictAt19NamesTheUpstreamDefinitionAndMigrateUp(t *testing.T) {
 	t.Parallel()
-	d := other.New(t, 19)
+	d := other.New(t, migrations.LastContiguousPort())
 	r := check(t, d, openDB(t, d))
 	require.Equal(t, doctor.Warning, r.Status)
 	f := function(r, "fetch_orchestration_item")
@@ -157,7 +157,9 @@ func TestRealProviderDatabaseIsUnfixedUpstreamAndNeedsABaseline(t *testing.T) {
 func TestAFixReplacedByDuroxidePgsRunnerIsAWarningThatMigrateUpRemedies(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	d := dbs.PackThenProvider(t, 21)
+	ackFix, ok := migrations.FixOf("ack_orchestration_item")
+	require.True(t, ok)
+	d := dbs.PackThenProvider(t, ackFix.Version)
 	db := openDB(t, d)
 	r := check(t, d, db)
 	require.Equal(t, doctor.Warning, r.Status, "%+v", r.Findings)

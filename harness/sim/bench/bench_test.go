@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -86,10 +87,12 @@ func synthetic() *Result {
 		return Sample{ElapsedS: 2.5, Cycles: int(cps * 2.5), CyclesPerS: fp(cps), FetchP50Ms: fp(p99 / 3), FetchP99Ms: fp(p99),
 			DeadOnArrival: fp(dead), AckFailures: fp(dead), MaxAttemptCount: fp(1 + dead)}
 	}
-	add := func(c Cell, v19, v20 []Sample, base []Sample) {
-		for i := range v19 {
-			c.Rounds = append(c.Rounds, RoundSample{Round: i + 1, Side: SideV19, Sample: v19[i]},
-				RoundSample{Round: i + 1, Side: SideV20, Sample: v20[i]})
+	bug, fix := Versions()
+	add := func(c Cell, before, after []Sample, base []Sample) {
+		c.BeforeVersion, c.AfterVersion = bug, fix
+		for i := range before {
+			c.Rounds = append(c.Rounds, RoundSample{Round: i + 1, Side: SideBefore, Sample: before[i]},
+				RoundSample{Round: i + 1, Side: SideAfter, Sample: after[i]})
 			if base != nil {
 				c.Rounds = append(c.Rounds, RoundSample{Round: i + 1, Side: SideBaseline, Sample: base[i]})
 			}
@@ -120,13 +123,13 @@ func synthetic() *Result {
 func TestFiguresAndTargets(t *testing.T) {
 	r := synthetic()
 	b8 := r.Cell(Backlog, 8).Figure("cycles_per_s")
-	require.Equal(t, 5.0, *b8.V19)
-	require.Equal(t, 100.0, *b8.V20)
+	require.Equal(t, 5.0, *b8.Before)
+	require.Equal(t, 100.0, *b8.After)
 	require.InDelta(t, 20.0, *b8.Ratio, 1e-9)
 	require.Nil(t, r.Cell(Backlog, 8).Figure("wall_ms"), "a figure no side measured is left out")
 	require.Nil(t, r.Cell(Backlog, 8).Figure("empty_fetch_p99_ms"))
 	hot := r.Cell(Hot, 16).Figure("cycles_per_s")
-	require.Equal(t, 0.0, *hot.V19)
+	require.Equal(t, 0.0, *hot.Before)
 	require.Nil(t, hot.Ratio)
 	q := r.Cell(QueueOnly, 1).Figure("cycles_per_s")
 	require.Equal(t, 950.0, *q.Baseline)
@@ -139,22 +142,24 @@ func TestFiguresAndTargets(t *testing.T) {
 		byName[tg.Name] = tg
 		require.True(t, tg.Measured, tg.Name)
 	}
-	require.True(t, byName["backlog N=8: cycles/s, 20 vs 19"].Met)
-	require.True(t, byName["backlog N=8: fetch p99, 20 vs 19"].Met)
-	require.True(t, byName["backlog N=1: cycles/s, 20 vs 19"].Met)
-	require.True(t, byName["hot: cycles/s, 20 vs 19"].Met, "19 completing nothing is an unbounded ratio")
-	require.Contains(t, byName["hot: cycles/s, 20 vs 19"].Got, "unbounded")
-	require.False(t, byName["hot: dead-on-arrival leases at 20"].Met, "one round had a dead lease")
-	require.Equal(t, "0, 1, 0 per round (1 of 0 fetches)", byName["hot: dead-on-arrival leases at 20"].Got)
-	require.False(t, byName["queue_only N=1: cycles/s, 20 vs bare baseline"].Met)
+	require.True(t, byName["backlog N=8: cycles/s, after vs before"].Met)
+	require.True(t, byName["backlog N=8: fetch p99, after vs before"].Met)
+	require.True(t, byName["backlog N=1: cycles/s, after vs before"].Met)
+	require.True(t, byName["hot: cycles/s, after vs before"].Met, "before completing nothing is an unbounded ratio")
+	require.Contains(t, byName["hot: cycles/s, after vs before"].Got, "unbounded")
+	require.False(t, byName["hot: dead-on-arrival leases after the fix"].Met, "one round had a dead lease")
+	require.Equal(t, "0, 1, 0 per round (1 of 0 fetches)", byName["hot: dead-on-arrival leases after the fix"].Got)
+	require.False(t, byName["queue_only N=1: cycles/s, after vs bare baseline"].Met)
 }
 
 func TestReportRendering(t *testing.T) {
 	r := synthetic()
+	bug, fix := Versions()
 	var out bytes.Buffer
 	require.NoError(t, PrintTable(&out, r))
 	text := out.String()
-	for _, want := range []string{"backlog N=8", "completed cycles/s", "20.00x", "baseline", "0.41x", "[MISS]", "[ met]", "migrate Up 0->N", "1.05x"} {
+	for _, want := range []string{"backlog N=8", "completed cycles/s", "20.00x", "baseline", "0.41x", "[MISS]", "[ met]", "migrate Up 0->N", "1.05x",
+		"after/before", "after/baseline", fmt.Sprintf("before (schema %d) and after (schema %d)", bug, fix)} {
 		require.Contains(t, text, want)
 	}
 
@@ -162,8 +167,10 @@ func TestReportRendering(t *testing.T) {
 	require.NoError(t, WriteReport(dir, r))
 	md, err := os.ReadFile(filepath.Join(dir, ReportFile))
 	require.NoError(t, err)
-	for _, want := range []string{"# Benchmark: schema 19 against 20", "## Targets", "](throughput.svg)", "### backlog", "### queue_only",
-		"| backlog N=8 | completed cycles/s | 5 | 100 | 20.00x |", "## Per round", "| hot N=16 | v19 | 0 | 0 | 0.40 |"} {
+	for _, want := range []string{fmt.Sprintf("# Benchmark: schema %d against %d", bug, fix), "## Targets", "](throughput.svg)", "### backlog", "### queue_only",
+		"| cell | figure | before | after | after/before | baseline | after/baseline |",
+		"| backlog N=8 | completed cycles/s | 5 | 100 | 20.00x |", "## Per round", "| hot N=16 | before | 0 | 0 | 0.40 |",
+		fmt.Sprintf("wall time of Up 0 -> %d (before column) and 0 -> %d (after column)", bug, fix)} {
 		require.Contains(t, string(md), want)
 	}
 	svg, err := os.ReadFile(filepath.Join(dir, ThroughputFile))
@@ -171,7 +178,8 @@ func TestReportRendering(t *testing.T) {
 	require.True(t, strings.HasPrefix(string(svg), "<svg"))
 	require.True(t, strings.HasSuffix(string(svg), "</svg>\n"))
 	require.Equal(t, 2, strings.Count(string(svg), "<polyline"))
-	require.Contains(t, string(svg), "version 19")
+	require.Contains(t, string(svg), fmt.Sprintf("version %d", bug), "the legend names the versions read from sql/")
+	require.Contains(t, string(svg), fmt.Sprintf("version %d", fix))
 
 	raw, err := os.ReadFile(filepath.Join(dir, JSONFile))
 	require.NoError(t, err)
@@ -180,9 +188,13 @@ func TestReportRendering(t *testing.T) {
 	for _, k := range []string{"settings", "server", "cells", "targets", "total_s", "started_at"} {
 		require.Contains(t, back, k)
 	}
-	for _, k := range []string{`"ratio_20_19"`, `"cycles_per_s"`, `"fetch_p99_ms"`, `"empty_fetch_p99_ms"`, `"dead_on_arrival"`,
-		`"ack_failures"`, `"max_attempt_count"`, `"server_cpu_s"`, `"ratio_20_baseline"`, `"backlog_dispatchers"`, `"cell_duration_s"`} {
+	for _, k := range []string{`"before"`, `"after"`, `"ratio_after_before"`, `"cycles_per_s"`, `"fetch_p99_ms"`, `"empty_fetch_p99_ms"`, `"dead_on_arrival"`,
+		`"ack_failures"`, `"max_attempt_count"`, `"server_cpu_s"`, `"ratio_after_baseline"`, `"backlog_dispatchers"`, `"cell_duration_s"`,
+		fmt.Sprintf(`"before_version": %d`, bug), fmt.Sprintf(`"after_version": %d`, fix), `"side": "before"`, `"side": "after"`} {
 		require.Contains(t, string(raw), k)
+	}
+	for _, gone := range []string{`"v19"`, `"v20"`, `"ratio_20_19"`, `"ratio_20_baseline"`} {
+		require.NotContains(t, string(raw), gone, "the JSON names sides, not versions")
 	}
 }
 
@@ -237,21 +249,21 @@ func TestSmokeRun(t *testing.T) {
 	for _, c := range res.Cells {
 		require.NotEmpty(t, c.Figures, c.Name())
 		if c.Scenario == Migrate {
-			require.NotNil(t, c.Figure("wall_ms").V19)
-			require.NotNil(t, c.Figure("wall_ms").V20)
+			require.NotNil(t, c.Figure("wall_ms").Before)
+			require.NotNil(t, c.Figure("wall_ms").After)
 			continue
 		}
 		f := c.Figure("cycles_per_s")
-		require.NotNil(t, f.V19, c.Name())
-		require.NotNil(t, f.V20, c.Name())
+		require.NotNil(t, f.Before, c.Name())
+		require.NotNil(t, f.After, c.Name())
 	}
-	// At 20, with an ample lock timeout, everything works.
+	// After the fix, with an ample lock timeout, everything works.
 	for _, c := range res.Cells {
 		if c.Scenario == Migrate {
 			continue
 		}
-		require.Greater(t, *c.Figure("cycles_per_s").V20, 0.0, c.Name())
-		require.Equal(t, 0.0, *c.Figure("ack_failures").V20, c.Name())
+		require.Greater(t, *c.Figure("cycles_per_s").After, 0.0, c.Name())
+		require.Equal(t, 0.0, *c.Figure("ack_failures").After, c.Name())
 	}
 	q := res.Cell(QueueOnly, 1).Figure("cycles_per_s")
 	require.NotNil(t, q.Baseline)
@@ -261,4 +273,14 @@ func TestSmokeRun(t *testing.T) {
 	var out bytes.Buffer
 	require.NoError(t, PrintTable(&out, &res))
 	require.NoError(t, WriteReport(t.TempDir(), &res))
+}
+
+func TestWithDefaultsFillsEveryZeroFieldAndKeepsGivenLists(t *testing.T) {
+	require.Equal(t, Defaults(), Config{}.WithDefaults(), "an empty config is the full benchmark")
+	c := Config{Rounds: -1, HotDispatchers: 4, QueueDispatchers: []int{}, Duration: time.Second}.WithDefaults()
+	require.Equal(t, Defaults().Rounds, c.Rounds, "a count <= 0 takes the default")
+	require.Equal(t, 4, c.HotDispatchers, "a count given stays")
+	require.Equal(t, time.Second, c.Duration, "a duration given stays")
+	require.Empty(t, c.QueueDispatchers, "an empty list is taken as given")
+	require.Equal(t, Defaults().BacklogDispatchers, c.BacklogDispatchers, "a nil list takes the default")
 }

@@ -15,10 +15,10 @@ import (
 // BenchmarkFetchUncontended times one fetch_orchestration_item call, on
 // one connection with nobody else around, of an instance shaped like the
 // backlog scenario's (500-event history of ~250 bytes per event), at
-// schema 19 and 20. Each lease is handed back with abandon
-// (ignore_attempt) outside the timed part.
+// the versions before and after the fix (Versions). Each lease is handed
+// back with abandon (ignore_attempt) outside the timed part.
 //
-//	go test -run '^$' -bench FetchUncontended ./harness/bench
+//	go test -run '^$' -bench FetchUncontended ./harness/sim/bench
 func BenchmarkFetchUncontended(b *testing.B) {
 	s := server(b)
 	ctx := context.Background()

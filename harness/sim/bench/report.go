@@ -60,33 +60,76 @@ func withUnit(v *float64, unit string) string {
 	return s + " " + unit
 }
 
-func labelOf(key string) string { return figureByKey(key).Label }
+// figureHeader is the header of a table of figureRows.
+func figureHeader(withBaseline bool) []string {
+	header := []string{"cell", "figure", SideBefore, SideAfter, SideAfter + "/" + SideBefore}
+	if withBaseline {
+		header = append(header, SideBaseline, SideAfter+"/"+SideBaseline)
+	}
+	return header
+}
+
+// figureRows are the table rows of one cell's figures: the cell's name on
+// the first row only, the figure's label (from label), the medians before
+// and after, their ratio, and with withBaseline the baseline and the ratio
+// to it (empty where the figure has none).
+func figureRows(name string, figs []Figure, label func(key string) string, withBaseline bool) [][]string {
+	var rows [][]string
+	for j, f := range figs {
+		if j > 0 {
+			name = ""
+		}
+		row := []string{name, label(f.Key), withUnit(f.Before, f.Unit), withUnit(f.After, f.Unit), ratioText(f.Ratio, f.After, f.Before)}
+		if withBaseline {
+			if f.Baseline != nil {
+				row = append(row, withUnit(f.Baseline, f.Unit), ratioText(f.RatioToBaseline, f.After, f.Baseline))
+			} else {
+				row = append(row, "", "")
+			}
+		}
+		rows = append(rows, row)
+	}
+	return rows
+}
 
 // tableRows are the rows of the stdout table and of the report.
-func tableRows(r *Result, withBaseline bool) (header []string, rows [][]string) {
-	header = []string{"cell", "figure", "v19", "v20", "20/19"}
-	if withBaseline {
-		header = append(header, "baseline", "20/baseline")
+func tableRows(cells []Cell, withBaseline bool) (header []string, rows [][]string) {
+	defs := dispatchFigures()
+	for i := range cells {
+		rows = append(rows, figureRows(cells[i].Name(), cells[i].Figures, func(key string) string { return labelIn(defs, key) }, withBaseline)...)
 	}
-	for i := range r.Cells {
-		c := &r.Cells[i]
-		for j, f := range c.Figures {
-			name := ""
-			if j == 0 {
-				name = c.Name()
-			}
-			row := []string{name, labelOf(f.Key), withUnit(f.V19, f.Unit), withUnit(f.V20, f.Unit), ratioText(f.Ratio, f.V20, f.V19)}
-			if withBaseline {
-				if f.Baseline != nil {
-					row = append(row, withUnit(f.Baseline, f.Unit), ratioText(f.RatioToBaseline, f.V20, f.Baseline))
-				} else {
-					row = append(row, "", "")
-				}
-			}
-			rows = append(rows, row)
+	return figureHeader(withBaseline), rows
+}
+
+// printRows writes header and rows as aligned text, a blank line before
+// every cell but the first (a row naming its cell starts one).
+func printRows(w io.Writer, header []string, rows [][]string) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, strings.Join(header, "\t")+"\t")
+	for i, row := range rows {
+		if row[0] != "" && i > 0 {
+			fmt.Fprintln(tw, strings.Repeat("\t", len(row)))
 		}
+		fmt.Fprintln(tw, strings.Join(row, "\t")+"\t")
 	}
-	return header, rows
+	return tw.Flush()
+}
+
+// writeMarkdownTable writes header and rows as a Markdown table.
+func writeMarkdownTable(b *strings.Builder, header []string, rows [][]string) {
+	b.WriteString("| " + strings.Join(header, " | ") + " |\n|" + strings.Repeat("---|", len(header)) + "\n")
+	for _, row := range rows {
+		b.WriteString("| " + strings.Join(row, " | ") + " |\n")
+	}
+}
+
+// compared are the schema versions the dispatcher and migrate cells of r
+// compare, before and after the fix (Versions when no such cell ran).
+func (r *Result) compared() (before, after int64) {
+	if len(r.Cells) > 0 {
+		return r.Cells[0].BeforeVersion, r.Cells[0].AfterVersion
+	}
+	return Versions()
 }
 
 func hasBaseline(r *Result) bool {
@@ -102,20 +145,11 @@ func hasBaseline(r *Result) bool {
 
 // PrintTable writes the medians, ratios and targets as aligned text.
 func PrintTable(w io.Writer, r *Result) error {
-	fmt.Fprintf(w, "bench: schema 19 vs 20, medians of %d rounds (19, 20 alternating), %s per cell; server %s (%s backend)\n\n",
-		r.Settings.Rounds, secs(r.Settings.DurationS), r.Server.Version, r.Server.Backend)
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	header, rows := tableRows(r, hasBaseline(r))
-	fmt.Fprintln(tw, strings.Join(header, "\t")+"\t")
-	prev := ""
-	for _, row := range rows {
-		if row[0] != "" && prev != "" {
-			fmt.Fprintln(tw, strings.Repeat("\t", len(row)))
-		}
-		prev = row[0] + prev
-		fmt.Fprintln(tw, strings.Join(row, "\t")+"\t")
-	}
-	if err := tw.Flush(); err != nil {
+	before, after := r.compared()
+	fmt.Fprintf(w, "bench: fetch_orchestration_item before (schema %d) and after (schema %d) its fix, medians of %d rounds (before, after alternating), %s per cell; server %s (%s backend)\n\n",
+		before, after, r.Settings.Rounds, secs(r.Settings.DurationS), r.Server.Version, r.Server.Backend)
+	header, rows := tableRows(r.Cells, hasBaseline(r))
+	if err := printRows(w, header, rows); err != nil {
 		return err
 	}
 	if err := printWorkerTable(w, r.Worker); err != nil {
@@ -123,7 +157,7 @@ func PrintTable(w io.Writer, r *Result) error {
 	}
 	if len(r.Targets) > 0 {
 		fmt.Fprintln(w, "\ntargets (reported, not asserted):")
-		tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 		for _, t := range r.Targets {
 			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t\n", targetMark(t), t.Name, "want "+t.Want, "got "+t.Got)
 		}
@@ -158,13 +192,14 @@ func secs(s float64) string {
 func Markdown(r *Result, plot string) string {
 	var b strings.Builder
 	s := r.Settings
-	fmt.Fprintf(&b, "# Benchmark: schema 19 against 20\n\n")
+	before, after := r.compared()
+	fmt.Fprintf(&b, "# Benchmark: schema %d against %d\n\n", before, after)
 	fmt.Fprintf(&b, "Run %s on PostgreSQL %s (%s backend, %d CPUs), %d rounds, %s per cell, "+
-		"19 and 20 alternating in every round; every figure is the median over the rounds, "+
-		"the ratio is 20's median over 19's. Total run time %s. "+
+		"before (schema %d) and after (schema %d, the fix of fetch_orchestration_item) alternating in every round; "+
+		"every figure is the median over the rounds, the ratio is after's median over before's. Total run time %s. "+
 		"Server CPU: %s. See docs/BENCH.md for the method.\n\n",
 		r.StartedAt.Format("2006-01-02 15:04 UTC"), r.Server.Version, r.Server.Backend, r.Server.CPUs,
-		s.Rounds, secs(s.DurationS), secs(r.TotalS), r.Server.CPU)
+		s.Rounds, secs(s.DurationS), before, after, secs(r.TotalS), r.Server.CPU)
 	if len(r.Targets) > 0 {
 		b.WriteString("## Targets\n\nReported, not asserted.\n\n| target | want | got | |\n|---|---|---|---|\n")
 		for _, t := range r.Targets {
@@ -190,28 +225,22 @@ func Markdown(r *Result, plot string) string {
 			s.HotHistory, s.HotDispatchers, s.HotLockTimeoutMs),
 		QueueOnly: fmt.Sprintf("%d instances without history, lock timeout %d ms; baseline: the bare single-statement dequeue (UPDATE ... WHERE id = (SELECT ... FOR UPDATE SKIP LOCKED LIMIT 1), DELETE + INSERT of the next message as the ack) on the same tables.",
 			s.QueueInstances, s.QueueLockTimeoutMs),
-		Migrate: "wall time of Up 0 -> 19 (v19 column) and 0 -> 20 (v20 column), each on a fresh database.",
+		Migrate: fmt.Sprintf("wall time of Up 0 -> %d (%s column) and 0 -> %d (%s column), each on a fresh database.",
+			before, SideBefore, after, SideAfter),
 	}
 	for _, sc := range AllScenarios() {
-		var cells []*Cell
-		for i := range r.Cells {
-			if r.Cells[i].Scenario == sc {
-				cells = append(cells, &r.Cells[i])
+		var cells []Cell
+		for _, c := range r.Cells {
+			if c.Scenario == sc {
+				cells = append(cells, c)
 			}
 		}
 		if len(cells) == 0 {
 			continue
 		}
 		fmt.Fprintf(&b, "### %s\n\n%s\n\n", sc, desc[sc])
-		sub := &Result{Cells: nil}
-		for _, c := range cells {
-			sub.Cells = append(sub.Cells, *c)
-		}
-		header, rows := tableRows(sub, sc == QueueOnly)
-		b.WriteString("| " + strings.Join(header, " | ") + " |\n|" + strings.Repeat("---|", len(header)) + "\n")
-		for _, row := range rows {
-			b.WriteString("| " + strings.Join(row, " | ") + " |\n")
-		}
+		header, rows := tableRows(cells, sc == QueueOnly)
+		writeMarkdownTable(&b, header, rows)
 		b.WriteString("\n")
 	}
 	b.WriteString(workerMarkdown(r.Worker, s))
@@ -229,8 +258,8 @@ func Markdown(r *Result, plot string) string {
 		if c.Scenario == Migrate {
 			key = "wall_ms"
 		}
-		def := figureByKey(key)
-		for _, side := range []string{SideV19, SideV20, SideBaseline} {
+		def := defByKey(dispatchFigures(), key)
+		for _, side := range []string{SideBefore, SideAfter, SideBaseline} {
 			var vals []string
 			for _, rs := range c.Rounds {
 				if rs.Side == side {
@@ -287,9 +316,8 @@ func WriteJSON(path string, r *Result) error {
 // axes, each point labelled with its value.
 func ThroughputSVG(w io.Writer, r *Result) error {
 	type pt struct {
-		n   int
-		v19 *float64
-		v20 *float64
+		n             int
+		before, after *float64
 	}
 	var pts []pt
 	for i := range r.Cells {
@@ -298,12 +326,13 @@ func ThroughputSVG(w io.Writer, r *Result) error {
 			continue
 		}
 		if f := c.Figure("cycles_per_s"); f != nil {
-			pts = append(pts, pt{c.Dispatchers, f.V19, f.V20})
+			pts = append(pts, pt{c.Dispatchers, f.Before, f.After})
 		}
 	}
 	if len(pts) == 0 {
 		return fmt.Errorf("bench: no backlog figures to plot")
 	}
+	before, after := r.compared()
 	const (
 		width, height         = 640.0, 400.0
 		left, right, top, bot = 70.0, 130.0, 40.0, 50.0
@@ -311,7 +340,7 @@ func ThroughputSVG(w io.Writer, r *Result) error {
 	maxN, maxV := 1, 0.0
 	for _, p := range pts {
 		maxN = max(maxN, p.n)
-		for _, v := range []*float64{p.v19, p.v20} {
+		for _, v := range []*float64{p.before, p.after} {
 			if v != nil {
 				maxV = max(maxV, *v)
 			}
@@ -347,8 +376,8 @@ func ThroughputSVG(w io.Writer, r *Result) error {
 		name, color string
 		get         func(pt) *float64
 	}{
-		{"version 19", "#d62728", func(p pt) *float64 { return p.v19 }},
-		{"version 20", "#1f77b4", func(p pt) *float64 { return p.v20 }},
+		{fmt.Sprintf("version %d", before), "#d62728", func(p pt) *float64 { return p.before }},
+		{fmt.Sprintf("version %d", after), "#1f77b4", func(p pt) *float64 { return p.after }},
 	}
 	for i, s := range series {
 		var path []string

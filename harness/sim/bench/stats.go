@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"fmt"
 	"math"
 	"sort"
 	"time"
@@ -148,31 +149,37 @@ func Ratio(num, den *float64) *float64 {
 	return fp(*num / *den)
 }
 
-// figureDef is one figure of a sample.
-type figureDef struct {
+// figureDef is one figure of a sample type S: its JSON key, its label in
+// the reports, its unit, and how to read it from a sample.
+type figureDef[S any] struct {
 	Key   string
 	Label string
 	Unit  string
-	get   func(*Sample) *float64
+	get   func(*S) *float64
 }
 
-// figures are the figures reported for every cell, in order.
-var figures = []figureDef{
-	{"cycles_per_s", "completed cycles/s", "1/s", func(s *Sample) *float64 { return s.CyclesPerS }},
-	{"fetch_p50_ms", "fetch latency p50", "ms", func(s *Sample) *float64 { return s.FetchP50Ms }},
-	{"fetch_p99_ms", "fetch latency p99", "ms", func(s *Sample) *float64 { return s.FetchP99Ms }},
-	{"empty_fetch_p99_ms", "empty-fetch p99", "ms", func(s *Sample) *float64 { return s.EmptyFetchP99Ms }},
-	{"ack_p50_ms", "ack latency p50", "ms", func(s *Sample) *float64 { return s.AckP50Ms }},
-	{"dead_on_arrival", "dead-on-arrival leases", "", func(s *Sample) *float64 { return s.DeadOnArrival }},
-	{"ack_failures", "ack failures", "", func(s *Sample) *float64 { return s.AckFailures }},
-	{"max_attempt_count", "max attempt_count", "", func(s *Sample) *float64 { return s.MaxAttemptCount }},
-	{"server_cpu_s", "server CPU", "s", func(s *Sample) *float64 { return s.ServerCPUS }},
-	{"server_cpu_ms_per_cycle", "server CPU per cycle", "ms", func(s *Sample) *float64 { return s.CPUMsPerCycle }},
-	{"wall_ms", "wall time of Up", "ms", func(s *Sample) *float64 { return s.WallMs }},
+// dispatchFigures are the figures reported for every dispatcher cell, in
+// order.
+func dispatchFigures() []figureDef[Sample] {
+	return []figureDef[Sample]{
+		{"cycles_per_s", "completed cycles/s", "1/s", func(s *Sample) *float64 { return s.CyclesPerS }},
+		{"fetch_p50_ms", "fetch latency p50", "ms", func(s *Sample) *float64 { return s.FetchP50Ms }},
+		{"fetch_p99_ms", "fetch latency p99", "ms", func(s *Sample) *float64 { return s.FetchP99Ms }},
+		{"empty_fetch_p99_ms", "empty-fetch p99", "ms", func(s *Sample) *float64 { return s.EmptyFetchP99Ms }},
+		{"ack_p50_ms", "ack latency p50", "ms", func(s *Sample) *float64 { return s.AckP50Ms }},
+		{"dead_on_arrival", "dead-on-arrival leases", "", func(s *Sample) *float64 { return s.DeadOnArrival }},
+		{"ack_failures", "ack failures", "", func(s *Sample) *float64 { return s.AckFailures }},
+		{"max_attempt_count", "max attempt_count", "", func(s *Sample) *float64 { return s.MaxAttemptCount }},
+		{"server_cpu_s", "server CPU", "s", func(s *Sample) *float64 { return s.ServerCPUS }},
+		{"server_cpu_ms_per_cycle", "server CPU per cycle", "ms", func(s *Sample) *float64 { return s.CPUMsPerCycle }},
+		{"wall_ms", "wall time of Up", "ms", func(s *Sample) *float64 { return s.WallMs }},
+	}
 }
 
-func figureByKey(key string) figureDef {
-	for _, f := range figures {
+// defByKey returns the figure of defs with key; it panics on a key no
+// figure has (a typo in this package).
+func defByKey[S any](defs []figureDef[S], key string) figureDef[S] {
+	for _, f := range defs {
 		if f.Key == key {
 			return f
 		}
@@ -180,40 +187,109 @@ func figureByKey(key string) figureDef {
 	panic("bench: no figure " + key)
 }
 
+// labelIn is the label of figure key in defs (the key itself when none has
+// it).
+func labelIn[S any](defs []figureDef[S], key string) string {
+	for _, f := range defs {
+		if f.Key == key {
+			return f.Label
+		}
+	}
+	return key
+}
+
 // Figure is one figure of a cell: the median over the rounds of each side
 // and the ratios. Field names are stable.
 type Figure struct {
-	Key  string   `json:"key"`
-	Unit string   `json:"unit,omitempty"`
-	V19  *float64 `json:"v19"`
-	V20  *float64 `json:"v20"`
-	// Ratio is V20/V19.
-	Ratio *float64 `json:"ratio_20_19"`
+	Key  string `json:"key"`
+	Unit string `json:"unit,omitempty"`
+	// Before and After are the medians of the sides before and after the
+	// fix (the cell's BeforeVersion and AfterVersion).
+	Before *float64 `json:"before"`
+	After  *float64 `json:"after"`
+	// Ratio is After/Before.
+	Ratio *float64 `json:"ratio_after_before"`
 	// Baseline is the bare single-statement queue's median (queue-only
-	// cells only) and RatioToBaseline V20/Baseline.
+	// cells only) and RatioToBaseline After/Baseline.
 	Baseline        *float64 `json:"baseline,omitempty"`
-	RatioToBaseline *float64 `json:"ratio_20_baseline,omitempty"`
+	RatioToBaseline *float64 `json:"ratio_after_baseline,omitempty"`
 }
 
-// Sides of a cell.
+// Sides of a cell: the schema before the fix, the schema with it, and (in
+// queue-only cells) the bare queue.
 const (
-	SideV19      = "v19"
-	SideV20      = "v20"
+	SideBefore   = "before"
+	SideAfter    = "after"
 	SideBaseline = "baseline"
 )
 
-// RoundSample is one round of one side of a cell.
-type RoundSample struct {
+// Round is one round of one side of a cell, with the sample S it measured.
+type Round[S any] struct {
 	Round  int    `json:"round"`
 	Side   string `json:"side"`
-	Sample Sample `json:"sample"`
+	Sample S      `json:"sample"`
 }
 
-// computeFigures fills c.Figures from c.Rounds: every figure some side
-// measured, medians over the rounds, and the ratios.
-func (c *Cell) computeFigures() {
+// RoundSample is one round of one side of a dispatcher cell.
+type RoundSample = Round[Sample]
+
+// Comparison is what every cell holds, whatever it measures: the versions
+// its two sides run, every round of every side, and the figures (medians,
+// ratios) computed from them.
+type Comparison[S any] struct {
+	// BeforeVersion and AfterVersion are the schema versions of the sides
+	// before and after the fix (for a migrate cell, the version Up goes to).
+	BeforeVersion int64      `json:"before_version"`
+	AfterVersion  int64      `json:"after_version"`
+	Rounds        []Round[S] `json:"rounds"`
+	Figures       []Figure   `json:"figures"`
+}
+
+// Version is the schema version of side (0 for the baseline).
+func (c *Comparison[S]) Version(side string) int64 {
+	switch side {
+	case SideBefore:
+		return c.BeforeVersion
+	case SideAfter:
+		return c.AfterVersion
+	}
+	return 0
+}
+
+// Figure returns the cell's figure key, or nil.
+func (c *Comparison[S]) Figure(key string) *Figure {
+	for i := range c.Figures {
+		if c.Figures[i].Key == key {
+			return &c.Figures[i]
+		}
+	}
+	return nil
+}
+
+func (c *Comparison[S]) record(round int, side string, s S) {
+	c.Rounds = append(c.Rounds, Round[S]{Round: round, Side: side, Sample: s})
+}
+
+// runRound runs the two sides of cell name in round, before then after,
+// and records their samples; note announces each run.
+func (c *Comparison[S]) runRound(round int, name string, note func(round int, label string), run func(side string) (S, error)) error {
+	for _, side := range []string{SideBefore, SideAfter} {
+		v := c.Version(side)
+		note(round, fmt.Sprintf("%s v%d", name, v))
+		s, err := run(side)
+		if err != nil {
+			return fmt.Errorf("bench: %s v%d round %d: %w", name, v, round, err)
+		}
+		c.record(round, side, s)
+	}
+	return nil
+}
+
+// computeFigures fills c.Figures from c.Rounds: every figure of defs some
+// side measured, medians over the rounds, and the ratios.
+func (c *Comparison[S]) computeFigures(defs []figureDef[S]) {
 	c.Figures = nil
-	for _, def := range figures {
+	for _, def := range defs {
 		bySide := map[string][]*float64{}
 		any := false
 		for i := range c.Rounds {
@@ -224,29 +300,22 @@ func (c *Cell) computeFigures() {
 		if !any {
 			continue
 		}
-		f := Figure{Key: def.Key, Unit: def.Unit, V19: Median(bySide[SideV19]), V20: Median(bySide[SideV20])}
-		f.Ratio = Ratio(f.V20, f.V19)
+		f := Figure{Key: def.Key, Unit: def.Unit, Before: Median(bySide[SideBefore]), After: Median(bySide[SideAfter])}
+		f.Ratio = Ratio(f.After, f.Before)
 		if len(bySide[SideBaseline]) > 0 {
 			f.Baseline = Median(bySide[SideBaseline])
-			f.RatioToBaseline = Ratio(f.V20, f.Baseline)
+			f.RatioToBaseline = Ratio(f.After, f.Baseline)
 		}
 		c.Figures = append(c.Figures, f)
 	}
 }
 
-// Figure returns the cell's figure key, or nil.
-func (c *Cell) Figure(key string) *Figure {
-	for i := range c.Figures {
-		if c.Figures[i].Key == key {
-			return &c.Figures[i]
-		}
-	}
-	return nil
-}
+// computeFigures fills c.Figures from c.Rounds.
+func (c *Cell) computeFigures() { c.Comparison.computeFigures(dispatchFigures()) }
 
 // maxOver is the largest value of figure key over the rounds of side.
 func (c *Cell) maxOver(side, key string) *float64 {
-	def := figureByKey(key)
+	def := defByKey(dispatchFigures(), key)
 	var out *float64
 	for i := range c.Rounds {
 		if c.Rounds[i].Side != side {

@@ -5,11 +5,9 @@ import (
 	"fmt"
 	"io"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"github.com/duroxide-pg/migrations/harness/sim/worker"
-	migrations "github.com/duroxide-pg/migrations/sql"
 )
 
 // The worker scenario: the worker queue's fetch+ack cycle before the pack's
@@ -17,15 +15,6 @@ import (
 // at each of Config.WorkerDispatchers workers (package worker, one runtime,
 // no activity time, no clock skew, the backlog kept at Config.WorkerItems
 // items). Rounds alternate before, after, like the other scenarios.
-
-// WorkerVersions are the versions the worker scenario compares.
-func WorkerVersions() (bug, fix int64) { return migrations.WorkerFix() }
-
-// Sides of a worker cell.
-const (
-	SideBefore = "before"
-	SideAfter  = "after"
-)
 
 // WorkerSample is what one worker cell run measured.
 type WorkerSample struct {
@@ -45,49 +34,32 @@ type WorkerSample struct {
 	Errors      *float64 `json:"errors"`
 }
 
-var workerFigures = []struct {
-	Key, Label, Unit string
-	get              func(*WorkerSample) *float64
-}{
-	{"cycles_per_s", "completed cycles/s", "1/s", func(s *WorkerSample) *float64 { return s.CyclesPerS }},
-	{"cycle_p50_ms", "cycle latency p50", "ms", func(s *WorkerSample) *float64 { return s.CycleP50Ms }},
-	{"cycle_p99_ms", "cycle latency p99", "ms", func(s *WorkerSample) *float64 { return s.CycleP99Ms }},
-	{"fetch_p50_ms", "fetch latency p50", "ms", func(s *WorkerSample) *float64 { return s.FetchP50Ms }},
-	{"fetch_p99_ms", "fetch latency p99", "ms", func(s *WorkerSample) *float64 { return s.FetchP99Ms }},
-	{"ack_p50_ms", "ack latency p50", "ms", func(s *WorkerSample) *float64 { return s.AckP50Ms }},
-	{"refused_acks", "refused acks", "", func(s *WorkerSample) *float64 { return s.RefusedAcks }},
-	{"errors", "errors", "", func(s *WorkerSample) *float64 { return s.Errors }},
-}
-
-// WorkerFigure is one figure of a worker cell: the medians over the rounds
-// of each side and the ratio after/before.
-type WorkerFigure struct {
-	Key    string   `json:"key"`
-	Unit   string   `json:"unit,omitempty"`
-	Before *float64 `json:"before"`
-	After  *float64 `json:"after"`
-	Ratio  *float64 `json:"ratio_after_before"`
+// workerFigures are the figures reported for every worker cell, in order.
+func workerFigures() []figureDef[WorkerSample] {
+	return []figureDef[WorkerSample]{
+		{"cycles_per_s", "completed cycles/s", "1/s", func(s *WorkerSample) *float64 { return s.CyclesPerS }},
+		{"cycle_p50_ms", "cycle latency p50", "ms", func(s *WorkerSample) *float64 { return s.CycleP50Ms }},
+		{"cycle_p99_ms", "cycle latency p99", "ms", func(s *WorkerSample) *float64 { return s.CycleP99Ms }},
+		{"fetch_p50_ms", "fetch latency p50", "ms", func(s *WorkerSample) *float64 { return s.FetchP50Ms }},
+		{"fetch_p99_ms", "fetch latency p99", "ms", func(s *WorkerSample) *float64 { return s.FetchP99Ms }},
+		{"ack_p50_ms", "ack latency p50", "ms", func(s *WorkerSample) *float64 { return s.AckP50Ms }},
+		{"refused_acks", "refused acks", "", func(s *WorkerSample) *float64 { return s.RefusedAcks }},
+		{"errors", "errors", "", func(s *WorkerSample) *float64 { return s.Errors }},
+	}
 }
 
 // WorkerRound is one round of one side of a worker cell.
-type WorkerRound struct {
-	Round  int          `json:"round"`
-	Side   string       `json:"side"`
-	Sample WorkerSample `json:"sample"`
-}
+type WorkerRound = Round[WorkerSample]
 
 // WorkerCell is the worker scenario at one worker count, with or without
 // sessions.
 type WorkerCell struct {
-	Workers       int            `json:"workers"`
-	Sessions      int            `json:"sessions"`
-	Items         int            `json:"items"`
-	LockTimeoutMs int64          `json:"lock_timeout_ms"`
-	DurationS     float64        `json:"duration_s"`
-	BeforeVersion int64          `json:"before_version"`
-	AfterVersion  int64          `json:"after_version"`
-	Rounds        []WorkerRound  `json:"rounds"`
-	Figures       []WorkerFigure `json:"figures"`
+	Workers       int     `json:"workers"`
+	Sessions      int     `json:"sessions"`
+	Items         int     `json:"items"`
+	LockTimeoutMs int64   `json:"lock_timeout_ms"`
+	DurationS     float64 `json:"duration_s"`
+	Comparison[WorkerSample]
 }
 
 // Name is the cell's short name ("worker N=8", "worker+sessions N=8").
@@ -96,32 +68,6 @@ func (c *WorkerCell) Name() string {
 		return fmt.Sprintf("worker+sessions N=%d", c.Workers)
 	}
 	return fmt.Sprintf("worker N=%d", c.Workers)
-}
-
-// Figure returns the cell's figure key, or nil.
-func (c *WorkerCell) Figure(key string) *WorkerFigure {
-	for i := range c.Figures {
-		if c.Figures[i].Key == key {
-			return &c.Figures[i]
-		}
-	}
-	return nil
-}
-
-func (c *WorkerCell) computeFigures() {
-	c.Figures = nil
-	for _, def := range workerFigures {
-		bySide := map[string][]*float64{}
-		for i := range c.Rounds {
-			bySide[c.Rounds[i].Side] = append(bySide[c.Rounds[i].Side], def.get(&c.Rounds[i].Sample))
-		}
-		f := WorkerFigure{Key: def.Key, Unit: def.Unit, Before: Median(bySide[SideBefore]), After: Median(bySide[SideAfter])}
-		if f.Before == nil && f.After == nil {
-			continue
-		}
-		f.Ratio = Ratio(f.After, f.Before)
-		c.Figures = append(c.Figures, f)
-	}
 }
 
 // workerCellConfig is the simulation of one worker cell.
@@ -160,15 +106,16 @@ func runWorkerCell(ctx context.Context, dsn string, wcfg worker.Config) (WorkerS
 type workerBench struct {
 	dsn     string
 	cfg     Config
-	schemas [2]string // before, after
+	schemas map[string]string // by side
 	cells   []WorkerCell
 }
 
 func newWorkerBench(ctx context.Context, dsn string, cfg Config) (*workerBench, error) {
 	bug, fix := WorkerVersions()
-	wb := &workerBench{dsn: dsn, cfg: cfg, schemas: [2]string{"bench_worker_" + SideBefore, "bench_worker_" + SideAfter}}
-	for i, v := range []int64{bug, fix} {
-		if err := migrateSchema(ctx, dsn, wb.schemas[i], v); err != nil {
+	wb := &workerBench{dsn: dsn, cfg: cfg, schemas: map[string]string{}}
+	for side, v := range map[string]int64{SideBefore: bug, SideAfter: fix} {
+		wb.schemas[side] = "bench_worker_" + side
+		if err := migrateSchema(ctx, dsn, wb.schemas[side], v); err != nil {
 			return nil, err
 		}
 	}
@@ -176,7 +123,7 @@ func newWorkerBench(ctx context.Context, dsn string, cfg Config) (*workerBench, 
 		for _, sessions := range []int{0, workerSessions(n)} {
 			wb.cells = append(wb.cells, WorkerCell{Workers: n, Sessions: sessions, Items: cfg.WorkerItems,
 				LockTimeoutMs: cfg.WorkerLockTimeout.Milliseconds(), DurationS: cfg.Duration.Seconds(),
-				BeforeVersion: bug, AfterVersion: fix})
+				Comparison: Comparison[WorkerSample]{BeforeVersion: bug, AfterVersion: fix}})
 		}
 	}
 	return wb, nil
@@ -185,17 +132,11 @@ func newWorkerBench(ctx context.Context, dsn string, cfg Config) (*workerBench, 
 func (wb *workerBench) round(ctx context.Context, round int, note func(round int, label string)) error {
 	for i := range wb.cells {
 		c := &wb.cells[i]
-		for side, name := range []string{SideBefore, SideAfter} {
-			v := c.BeforeVersion
-			if side == 1 {
-				v = c.AfterVersion
-			}
-			note(round, fmt.Sprintf("%s v%d", c.Name(), v))
-			s, err := runWorkerCell(ctx, wb.dsn, workerCellConfig(wb.cfg, wb.schemas[side], c.Workers, c.Sessions))
-			if err != nil {
-				return fmt.Errorf("bench: %s v%d round %d: %w", c.Name(), v, round, err)
-			}
-			c.Rounds = append(c.Rounds, WorkerRound{Round: round, Side: name, Sample: s})
+		err := c.runRound(round, c.Name(), note, func(side string) (WorkerSample, error) {
+			return runWorkerCell(ctx, wb.dsn, workerCellConfig(wb.cfg, wb.schemas[side], c.Workers, c.Sessions))
+		})
+		if err != nil {
+			return err
 		}
 	}
 	return nil
@@ -203,7 +144,7 @@ func (wb *workerBench) round(ctx context.Context, round int, note func(round int
 
 func (wb *workerBench) finish() []WorkerCell {
 	for i := range wb.cells {
-		wb.cells[i].computeFigures()
+		wb.cells[i].computeFigures(workerFigures())
 	}
 	return wb.cells
 }
@@ -213,24 +154,13 @@ func (c Config) workerSteps() int { return 2 * 2 * len(c.WorkerDispatchers) }
 
 // workerTableRows are the rows of the worker cells' table.
 func workerTableRows(cells []WorkerCell) (header []string, rows [][]string) {
-	header = []string{"cell", "figure", "before", "after", "after/before"}
+	defs := workerFigures()
 	for i := range cells {
 		c := &cells[i]
-		for j, f := range c.Figures {
-			name := ""
-			if j == 0 {
-				name = fmt.Sprintf("%s (v%d, v%d)", c.Name(), c.BeforeVersion, c.AfterVersion)
-			}
-			label := f.Key
-			for _, d := range workerFigures {
-				if d.Key == f.Key {
-					label = d.Label
-				}
-			}
-			rows = append(rows, []string{name, label, withUnit(f.Before, f.Unit), withUnit(f.After, f.Unit), ratioText(f.Ratio, f.After, f.Before)})
-		}
+		name := fmt.Sprintf("%s (v%d, v%d)", c.Name(), c.BeforeVersion, c.AfterVersion)
+		rows = append(rows, figureRows(name, c.Figures, func(key string) string { return labelIn(defs, key) }, false)...)
 	}
-	return header, rows
+	return figureHeader(false), rows
 }
 
 // printWorkerTable writes the worker cells' medians and ratios.
@@ -240,16 +170,8 @@ func printWorkerTable(w io.Writer, cells []WorkerCell) error {
 	}
 	fmt.Fprintf(w, "\nworker: fetch_work_item + ack_worker cycles, before (v%d) and after (v%d) the worker fixes, medians over the rounds\n\n",
 		cells[0].BeforeVersion, cells[0].AfterVersion)
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	header, rows := workerTableRows(cells)
-	fmt.Fprintln(tw, strings.Join(header, "\t")+"\t")
-	for _, row := range rows {
-		if row[0] != "" && row[0] != rows[0][0] {
-			fmt.Fprintln(tw, strings.Repeat("\t", len(row)))
-		}
-		fmt.Fprintln(tw, strings.Join(row, "\t")+"\t")
-	}
-	return tw.Flush()
+	return printRows(w, header, rows)
 }
 
 // workerMarkdown renders the worker cells as a Markdown section.
@@ -264,10 +186,7 @@ func workerMarkdown(cells []WorkerCell, s Settings) string {
 		"bound to 2N sessions and the workers session-aware, each its own owner. The cycle is fetch start to ack end.\n\n",
 		cells[0].BeforeVersion, cells[0].AfterVersion, s.WorkerItems, s.WorkerLockTimeout.Milliseconds())
 	header, rows := workerTableRows(cells)
-	b.WriteString("| " + strings.Join(header, " | ") + " |\n|" + strings.Repeat("---|", len(header)) + "\n")
-	for _, row := range rows {
-		b.WriteString("| " + strings.Join(row, " | ") + " |\n")
-	}
+	writeMarkdownTable(&b, header, rows)
 	b.WriteString("\n")
 	return b.String()
 }

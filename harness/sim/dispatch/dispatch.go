@@ -15,7 +15,17 @@
 //   - an ack refused with 'Invalid lock token' is followed by one more ack
 //     with the same token carrying OrchestrationFailed{Infrastructure}, and
 //     nothing else: no abandon (the runtime drops that future unpolled);
-//   - fetch errors back off 200 ms … 3 s (retryable) or 100 ms (permanent).
+//   - fetch errors back off 200 ms … 3 s (retryable) or 100 ms (permanent);
+//   - a call that loses its connection (an I/O error, a closed connection,
+//     an admin or crash shutdown, a connection exception) is recorded with
+//     an unknown outcome (Unknown), the dispatcher drops the connection and
+//     connects again for its next call, and the call counts as retryable,
+//     as duroxide-pg classifies I/O errors: an ack so lost is retried on the
+//     new connection.
+//
+// Hooks (Config.Hooks) let package faults inject its faults into this one
+// loop: how a dispatcher connects, each call's kind and backend, a crash
+// after a fetch, and work that runs alongside the dispatchers.
 //
 // Every call is recorded as an Event in a Log that Summarize reduces, and
 // every message carries a unique id so that Conservation can prove nothing
@@ -33,7 +43,10 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/duroxide-pg/migrations/harness/sim/clock"
+	"github.com/duroxide-pg/migrations/harness/sim/defaults"
 	"github.com/duroxide-pg/migrations/harness/sim/orch"
 )
 
@@ -67,6 +80,9 @@ type Config struct {
 	// dispatcher i of n runs -Skew + 2*Skew*i/(n-1) ahead of the wall clock.
 	// Default 0.
 	Skew time.Duration `json:"skew_ns"`
+	// Skews, when not empty, sets each dispatcher's clock offset instead:
+	// dispatcher i (0-based) gets Skews[i], missing entries 0.
+	Skews []time.Duration `json:"skews_ns,omitempty"`
 	// MaxAttempts is the runtime's max_attempts: a batch whose attempt_count
 	// exceeds it is poisoned. Default 10.
 	MaxAttempts int `json:"max_attempts"`
@@ -74,6 +90,38 @@ type Config struct {
 	// instead of Run's DSN (for example through PgBouncer); seeding and
 	// reading the queue keep Run's DSN.
 	ConnectDSN string `json:"-"`
+	// ShutdownGrace is how long turns in progress may go on (and ack)
+	// after the run ends. Default 1 s: the runtime's shutdown(None) waits
+	// that long before it aborts its workers.
+	ShutdownGrace time.Duration `json:"shutdown_grace_ns,omitempty"`
+	// Hooks inject faults (package faults); the zero value injects none.
+	Hooks Hooks `json:"-"`
+}
+
+// Hooks let a caller inject faults into the dispatchers' loop. Every hook
+// is optional; hooks are called from several dispatchers at once, each
+// dispatcher's calls one at a time.
+type Hooks struct {
+	// Connect opens dispatcher's connection from cfg (parsed from
+	// ConnectDSN or Run's DSN: a copy the hook may change), for the first
+	// connection and again after one was lost or dropped by a crash.
+	// Default: pgx.ConnectConfig, once.
+	Connect func(ctx context.Context, dispatcher int, cfg *pgx.ConnConfig) (*pgx.Conn, error)
+	// Call is told that dispatcher is about to make a call of kind on the
+	// backend whose process id is pid (KindLeaseRead for the lease read
+	// after a fetch); the function it returns, when not nil, is told how
+	// the call ended: its error, and whether it lost the connection (a
+	// call cut short by the end of the run or of the grace period does not
+	// count as lost here, though its outcome is unknown all the same).
+	Call func(dispatcher int, kind Kind, pid uint32) (done func(err error, lost bool))
+	// Crash is asked, after each fetch that returned a row, whether the
+	// dispatcher crashes now and for how long it stays down. A crashed
+	// dispatcher records its fetch with DetailCrashed, drops the lease (no
+	// ack, no abandon) and its connection, and comes back after pause.
+	Crash func(dispatcher int) (pause time.Duration, crash bool)
+	// During runs alongside the dispatchers with the run's context (done
+	// once Duration is over); Run waits for it and returns its error.
+	During func(ctx context.Context) error
 }
 
 // Defaults.
@@ -86,34 +134,20 @@ const (
 	DefaultPollInterval  = 100 * time.Millisecond
 	DefaultDuration      = 10 * time.Second
 	DefaultMaxAttempts   = 10
+	DefaultShutdownGrace = time.Second
 )
 
 // WithDefaults fills the zero fields.
 func (c Config) WithDefaults() Config {
-	if c.Dispatchers <= 0 {
-		c.Dispatchers = DefaultDispatchers
-	}
-	if c.Instances <= 0 {
-		c.Instances = DefaultInstances
-	}
-	if c.HistoryEvents <= 0 {
-		c.HistoryEvents = DefaultHistoryEvents
-	}
-	if c.EventBytes <= 0 {
-		c.EventBytes = DefaultEventBytes
-	}
-	if c.LockTimeout <= 0 {
-		c.LockTimeout = DefaultLockTimeout
-	}
-	if c.PollInterval <= 0 {
-		c.PollInterval = DefaultPollInterval
-	}
-	if c.Duration <= 0 {
-		c.Duration = DefaultDuration
-	}
-	if c.MaxAttempts <= 0 {
-		c.MaxAttempts = DefaultMaxAttempts
-	}
+	defaults.Set(&c.Dispatchers, DefaultDispatchers)
+	defaults.Set(&c.Instances, DefaultInstances)
+	defaults.Set(&c.HistoryEvents, DefaultHistoryEvents)
+	defaults.Set(&c.EventBytes, DefaultEventBytes)
+	defaults.Set(&c.LockTimeout, DefaultLockTimeout)
+	defaults.Set(&c.PollInterval, DefaultPollInterval)
+	defaults.Set(&c.Duration, DefaultDuration)
+	defaults.Set(&c.MaxAttempts, DefaultMaxAttempts)
+	defaults.Set(&c.ShutdownGrace, DefaultShutdownGrace)
 	return c
 }
 
@@ -124,8 +158,8 @@ func (c Config) Validate() error {
 		return errors.New("dispatch: Config.Schema is empty")
 	case c.LockTimeout < time.Millisecond:
 		return fmt.Errorf("dispatch: LockTimeout %v is under 1 ms", c.LockTimeout)
-	case c.TurnTime < 0 || c.Skew < 0:
-		return errors.New("dispatch: TurnTime and Skew must not be negative")
+	case c.TurnTime < 0 || c.Skew < 0 || c.ShutdownGrace < 0:
+		return errors.New("dispatch: TurnTime, Skew and ShutdownGrace must not be negative")
 	}
 	return nil
 }
@@ -147,18 +181,17 @@ func RenewalInterval(timeout time.Duration) time.Duration {
 // (0 for a sub-second timeout).
 func RenewExtendSecs(timeout time.Duration) int64 { return int64(timeout / time.Second) }
 
-// SkewFor is dispatcher i's clock offset (of n).
+// SkewFor is dispatcher i's clock offset (0-based, of n): Skews[i] when
+// Skews is set, else its place in Skew's spread.
 func (c Config) SkewFor(i, n int) time.Duration {
-	if c.Skew == 0 || n <= 1 {
+	if len(c.Skews) > 0 {
+		if i < len(c.Skews) {
+			return c.Skews[i]
+		}
 		return 0
 	}
-	return -c.Skew + time.Duration(float64(2*c.Skew)*float64(i)/float64(n-1))
+	return clock.Spread(-c.Skew, c.Skew, i, n)
 }
-
-// shutdownGrace is how long a turn in progress may go on after the run's
-// context is cancelled (the runtime's shutdown(None) waits 1 s before it
-// aborts the workers).
-const shutdownGrace = time.Second
 
 // Run seeds nothing: it runs cfg.Dispatchers dispatchers against dsn for
 // cfg.Duration (or until ctx is cancelled) and returns their log. Every
@@ -182,96 +215,182 @@ func RunLog(ctx context.Context, dsn string, cfg Config, log *Log) error {
 	if err != nil {
 		return fmt.Errorf("dispatch: parse DSN: %w", err)
 	}
-	// Connect everybody first, so the run starts with all dispatchers ready.
-	conns := make([]*pgx.Conn, cfg.Dispatchers)
+	ds := make([]*dispatcher, cfg.Dispatchers)
+	for i := range ds {
+		ds[i] = &dispatcher{
+			id:      i + 1,
+			cfg:     cfg,
+			client:  orch.New(cfg.Schema),
+			connCfg: connCfg,
+			clock:   clock.New(cfg.SkewFor(i, cfg.Dispatchers)),
+			log:     log,
+		}
+	}
 	defer func() {
-		for _, c := range conns {
-			if c != nil {
-				_ = c.Close(context.Background())
-			}
+		for _, d := range ds {
+			d.drop()
 		}
 	}()
-	for i := range conns {
-		if conns[i], err = pgx.ConnectConfig(ctx, connCfg.Copy()); err != nil {
-			return fmt.Errorf("dispatch: connect dispatcher %d: %w", i+1, err)
+	// Connect everybody first, so the run starts with all dispatchers ready.
+	for _, d := range ds {
+		if d.conn, err = d.connect(ctx); err != nil {
+			return fmt.Errorf("dispatch: connect dispatcher %d: %w", d.id, err)
 		}
 	}
 
 	runCtx, stop := context.WithTimeout(ctx, cfg.Duration)
 	defer stop()
-	// Turns in progress may finish (and ack) for shutdownGrace after the run
-	// ends, as the runtime lets them.
+	// Turns in progress may finish (and ack) for ShutdownGrace after the
+	// run ends, as the runtime lets them.
 	turnCtx, stopTurns := context.WithCancel(context.WithoutCancel(ctx))
-	graceDone := make(chan struct{})
+	var wg sync.WaitGroup
 	defer func() {
 		stopTurns()
-		<-graceDone
+		wg.Wait()
 	}()
+	wg.Add(1)
 	go func() {
-		defer close(graceDone)
+		defer wg.Done()
 		select {
 		case <-runCtx.Done():
-			t := time.NewTimer(shutdownGrace)
-			defer t.Stop()
-			select {
-			case <-t.C:
-			case <-turnCtx.Done():
-			}
+			clock.Sleep(turnCtx, cfg.ShutdownGrace)
 		case <-turnCtx.Done():
 		}
 		stopTurns()
 	}()
-
-	log.MarkStart()
-	var wg sync.WaitGroup
-	for i, c := range conns {
-		d := &dispatcher{
-			id:     i + 1,
-			cfg:    cfg,
-			client: orch.New(cfg.Schema),
-			conn:   c,
-			skewMs: cfg.SkewFor(i, cfg.Dispatchers).Milliseconds(),
-			log:    log,
-		}
+	var duringErr error
+	if cfg.Hooks.During != nil {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			duringErr = cfg.Hooks.During(runCtx)
+		}()
+	}
+
+	log.MarkStart()
+	var loops sync.WaitGroup
+	for _, d := range ds {
+		loops.Add(1)
+		go func() {
+			defer loops.Done()
 			d.loop(runCtx, turnCtx)
 		}()
 	}
-	wg.Wait()
+	loops.Wait()
 	log.MarkStop()
+	stopTurns()
+	wg.Wait()
 	if err := ctx.Err(); err != nil {
 		return err
+	}
+	if duringErr != nil {
+		return fmt.Errorf("dispatch: alongside the dispatchers: %w", duringErr)
 	}
 	return nil
 }
 
 type dispatcher struct {
-	id     int
-	cfg    Config
-	client orch.Client
-	skewMs int64
-	log    *Log
+	id      int
+	cfg     Config
+	client  orch.Client
+	connCfg *pgx.ConnConfig
+	clock   clock.Skewed
+	log     *Log
 
 	connMu sync.Mutex // the turn's calls and the renewal task share conn
-	conn   *pgx.Conn
-	seq    int // messages enqueued by this dispatcher
+	conn   *pgx.Conn  // nil after a lost connection, until the next call
+	seq    int        // messages enqueued by this dispatcher
 }
 
 // now is the dispatcher's clock: the wall clock plus its skew, in epoch ms.
-func (d *dispatcher) now() int64 { return time.Now().UnixMilli() + d.skewMs }
+func (d *dispatcher) now() int64 { return d.clock.NowMs() }
 
-// call runs f on the connection, timing it with the dispatcher's clock.
-func (d *dispatcher) call(f func(nowMs int64) error) (before, after, latencyUs int64, err error) {
+// connect opens a connection with Hooks.Connect or pgx.
+func (d *dispatcher) connect(ctx context.Context) (*pgx.Conn, error) {
+	if d.cfg.Hooks.Connect != nil {
+		return d.cfg.Hooks.Connect(ctx, d.id, d.connCfg.Copy())
+	}
+	return pgx.ConnectConfig(ctx, d.connCfg.Copy())
+}
+
+// drop closes the connection (the next call connects again).
+func (d *dispatcher) drop() {
 	d.connMu.Lock()
 	defer d.connMu.Unlock()
+	d.dropLocked()
+}
+
+func (d *dispatcher) dropLocked() {
+	if d.conn != nil {
+		cctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		_ = d.conn.Close(cctx)
+		cancel()
+		d.conn = nil
+	}
+}
+
+// callTimes are a call's times: the dispatcher's clock before and after
+// it, and its wall time.
+type callTimes struct{ before, after, latencyUs int64 }
+
+// call runs f on the connection (connecting first when the last one was
+// lost), timing it with the dispatcher's clock and telling Hooks.Call. An
+// error that lost the connection comes back as a *LostConnError and the
+// connection is dropped.
+func (d *dispatcher) call(ctx context.Context, kind Kind, f func(conn *pgx.Conn, nowMs int64) error) (callTimes, error) {
+	d.connMu.Lock()
+	defer d.connMu.Unlock()
+	if d.conn == nil {
+		c, err := d.connect(ctx)
+		if err != nil {
+			now := d.now()
+			return callTimes{before: now, after: now}, &LostConnError{fmt.Errorf("connect: %w", err)}
+		}
+		d.conn = c
+	}
+	var done func(error, bool)
+	if d.cfg.Hooks.Call != nil {
+		done = d.cfg.Hooks.Call(d.id, kind, d.conn.PgConn().PID())
+	}
 	start := time.Now()
-	before = d.now()
-	err = f(before)
-	latencyUs = time.Since(start).Microseconds()
-	after = d.now()
-	return
+	t := callTimes{before: d.now()}
+	err := f(d.conn, t.before)
+	t.latencyUs = time.Since(start).Microseconds()
+	t.after = d.now()
+	lost := connLost(d.conn, err)
+	if lost {
+		d.dropLocked()
+		err = &LostConnError{err}
+	}
+	if done != nil {
+		done(err, lost && ctx.Err() == nil)
+	}
+	return t, err
+}
+
+// LostConnError is a call's error that lost its connection: whether the
+// call took effect is unknown.
+type LostConnError struct{ Err error }
+
+func (e *LostConnError) Error() string { return e.Err.Error() }
+func (e *LostConnError) Unwrap() error { return e.Err }
+
+// connLost reports an error that lost the connection: the connection is
+// closed, or the server ended the session (admin_shutdown, crash_shutdown,
+// cannot_connect_now, a connection exception), or the error is not the
+// server's (an I/O error).
+func connLost(conn *pgx.Conn, err error) bool {
+	if err == nil {
+		return false
+	}
+	if conn.IsClosed() {
+		return true
+	}
+	var pg *pgconn.PgError
+	if errors.As(err, &pg) {
+		return pg.Code == "57P01" || pg.Code == "57P02" || pg.Code == "57P03" || strings.HasPrefix(pg.Code, "08")
+	}
+	return true
 }
 
 // loop is one orchestration worker (runtime-facts §1.2).
@@ -293,13 +412,13 @@ func (d *dispatcher) loop(runCtx, turnCtx context.Context) {
 				consecutiveRetryable = 0
 				backoff = 100 * time.Millisecond
 			}
-			sleep(runCtx, backoff)
+			clock.Sleep(runCtx, backoff)
 			continue
 		}
 		consecutiveRetryable = 0
 		if it == nil {
 			if rest := d.cfg.PollInterval - time.Since(iterStart); rest > 0 {
-				sleep(runCtx, rest)
+				clock.Sleep(runCtx, rest)
 			}
 			continue
 		}
@@ -309,25 +428,26 @@ func (d *dispatcher) loop(runCtx, turnCtx context.Context) {
 
 // fetch calls fetch_orchestration_item like duroxide-pg: up to 4 attempts,
 // a fresh p_now_ms each, sleeping 50 ms × attempt after a retryable error.
-// A returned row is followed by a read of its lease.
+// A returned row is followed by a read of its lease; then Hooks.Crash may
+// crash the dispatcher, which returns no row.
 func (d *dispatcher) fetch(ctx context.Context) (*fetched, error) {
 	timeoutMs := d.cfg.LockTimeout.Milliseconds()
 	for attempt := 0; ; attempt++ {
 		var it *orch.Item
-		before, after, lat, err := d.call(func(now int64) error {
+		t, err := d.call(ctx, KindFetch, func(conn *pgx.Conn, now int64) error {
 			var err error
-			it, err = d.client.Fetch(ctx, d.conn, now, timeoutMs, orch.RuntimeFilter())
+			it, err = d.client.Fetch(ctx, conn, now, timeoutMs, orch.RuntimeFilter())
 			return err
 		})
-		ev := Event{Dispatcher: d.id, Kind: KindFetch, CallerBeforeMs: before, CallerAfterMs: after, LatencyUs: lat}
+		ev := Event{Dispatcher: d.id, Kind: KindFetch, CallerBeforeMs: t.before, CallerAfterMs: t.after, LatencyUs: t.latencyUs}
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil, ctx.Err()
 			}
-			ev.Outcome = err.Error()
+			ev.Outcome = outcome(err)
 			d.log.Add(ev)
 			if retryable(err) && attempt < 3 {
-				sleep(ctx, time.Duration(50*(attempt+1))*time.Millisecond)
+				clock.Sleep(ctx, time.Duration(50*(attempt+1))*time.Millisecond)
 				continue
 			}
 			return nil, err
@@ -339,28 +459,23 @@ func (d *dispatcher) fetch(ctx context.Context) (*fetched, error) {
 		}
 		ev.Instance, ev.Token, ev.AttemptCount = it.InstanceID, it.LockToken, it.AttemptCount
 		ev.Outcome = OutcomeOK
-		// The lease as stored, read right away (same connection).
-		d.connMu.Lock()
-		lease, lerr := d.client.ReadLease(context.WithoutCancel(ctx), d.conn, it.LockToken)
-		d.connMu.Unlock()
-		ev.DBReturnMs = it.DBReturnMs
-		if lerr == nil {
-			ev.DBAtReturnMs = lease.DBNowMs
-			ev.DeliveryMs = lease.DBNowMs - it.DBReturnMs
-			if lease.LockedUntilMs == 0 {
-				ev.LeaseLost = true
-			} else {
-				ev.LockedUntilMs = lease.LockedUntilMs
-				ev.RemainingMs = lease.LockedUntilMs - after
-				ev.LeaseAgeMs = timeoutMs - ev.RemainingMs
-			}
-		} else {
-			ev.LeaseLost = true
-			ev.Outcome = OutcomeOK + " (lease not read: " + lerr.Error() + ")"
-		}
+		d.readLease(ctx, &ev, it, t.after)
 		ids, derr := MessageIDs(it.Messages)
 		ev.Messages = ids
+		pause, crash := time.Duration(0), false
+		if d.cfg.Hooks.Crash != nil {
+			pause, crash = d.cfg.Hooks.Crash(d.id)
+		}
+		if crash {
+			ev.Detail = DetailCrashed
+		}
 		d.log.Add(ev)
+		if crash {
+			// The dispatcher dies with its lease: no ack, no abandon.
+			d.drop()
+			clock.Sleep(ctx, pause)
+			return nil, nil
+		}
 		if it.Name == nil || it.Version == nil {
 			// duroxide-pg's row decoder rejects a NULL name or version:
 			// a permanent error, the lease stays until it expires.
@@ -371,6 +486,36 @@ func (d *dispatcher) fetch(ctx context.Context) (*fetched, error) {
 			return nil, derr
 		}
 		return &fetched{Item: it, ids: ids, history: scanHistory(it.History)}, nil
+	}
+}
+
+// readLease reads the lease a fetch returned, right away on the same
+// connection, into its event. A lease that could not be read counts as
+// lost (DetailLeaseUnread); when the read lost the connection, the turn
+// goes on and its ack connects again.
+func (d *dispatcher) readLease(ctx context.Context, ev *Event, it *orch.Item, afterMs int64) {
+	var lease orch.Lease
+	_, err := d.call(context.WithoutCancel(ctx), KindLeaseRead, func(conn *pgx.Conn, _ int64) error {
+		var err error
+		lease, err = d.client.ReadLease(context.WithoutCancel(ctx), conn, it.LockToken)
+		return err
+	})
+	ev.DBReturnMs = it.DBReturnMs
+	switch {
+	case err != nil:
+		ev.LeaseLost = true
+		ev.Detail = DetailLeaseUnread
+		ev.Outcome = OutcomeOK + " (lease not read: " + err.Error() + ")"
+	default:
+		ev.DBAtReturnMs = lease.DBNowMs
+		ev.DeliveryMs = lease.DBNowMs - it.DBReturnMs
+		if lease.LockedUntilMs == 0 {
+			ev.LeaseLost = true
+		} else {
+			ev.LockedUntilMs = lease.LockedUntilMs
+			ev.RemainingMs = lease.LockedUntilMs - afterMs
+			ev.LeaseAgeMs = d.cfg.LockTimeout.Milliseconds() - ev.RemainingMs
+		}
 	}
 }
 
@@ -407,7 +552,7 @@ func (d *dispatcher) turn(ctx context.Context, it *fetched) {
 
 	// The orchestration's turn (replay and new decisions).
 	if d.cfg.TurnTime > 0 {
-		sleep(ctx, d.cfg.TurnTime)
+		clock.Sleep(ctx, d.cfg.TurnTime)
 	}
 
 	// A normal turn: each ExternalRaised of the batch is received
@@ -434,7 +579,7 @@ func (d *dispatcher) turn(ctx context.Context, it *fetched) {
 		if len(enqueued) > 0 {
 			items = append(items, ',')
 		}
-		items = append(items, externalRaised(it.InstanceID, nid)...)
+		items = append(items, orch.ExternalEventWorkItem(it.InstanceID, EventName, nid)...)
 		enqueued = append(enqueued, nid)
 	}
 	items = append(items, ']')
@@ -513,21 +658,21 @@ func (d *dispatcher) ackWithRetries(ctx context.Context, it *fetched, kind Kind,
 			if err == nil || !retryable(err) || provAttempt == 3 || ctx.Err() != nil {
 				break
 			}
-			sleep(ctx, time.Duration(50*(provAttempt+1))*time.Millisecond)
+			clock.Sleep(ctx, time.Duration(50*(provAttempt+1))*time.Millisecond)
 		}
 		if err == nil || !retryable(err) || runtimeAttempt == 5 || ctx.Err() != nil {
 			return err
 		}
-		sleep(ctx, time.Duration(10<<runtimeAttempt)*time.Millisecond)
+		clock.Sleep(ctx, time.Duration(10<<runtimeAttempt)*time.Millisecond)
 	}
 }
 
 func (d *dispatcher) ackOnce(ctx context.Context, it *fetched, kind Kind, a orch.Ack, enqueued []string, detail string) error {
-	before, after, lat, err := d.call(func(now int64) error {
-		return d.client.AckItem(ctx, d.conn, it.LockToken, now, a)
+	t, err := d.call(ctx, kind, func(conn *pgx.Conn, now int64) error {
+		return d.client.AckItem(ctx, conn, it.LockToken, now, a)
 	})
 	ev := Event{Dispatcher: d.id, Kind: kind, Instance: it.InstanceID, Token: it.LockToken,
-		CallerBeforeMs: before, CallerAfterMs: after, LatencyUs: lat, AttemptCount: it.AttemptCount,
+		CallerBeforeMs: t.before, CallerAfterMs: t.after, LatencyUs: t.latencyUs, AttemptCount: it.AttemptCount,
 		Messages: it.ids, Detail: detail, Outcome: outcome(err)}
 	if err == nil {
 		ev.Enqueued = enqueued
@@ -537,12 +682,12 @@ func (d *dispatcher) ackOnce(ctx context.Context, it *fetched, kind Kind, a orch
 }
 
 func (d *dispatcher) abandon(ctx context.Context, it *fetched, delay time.Duration) {
-	before, after, lat, err := d.call(func(now int64) error {
-		_, err := d.client.Abandon(ctx, d.conn, it.LockToken, now, delay.Milliseconds(), false)
+	t, err := d.call(ctx, KindAbandon, func(conn *pgx.Conn, now int64) error {
+		_, err := d.client.Abandon(ctx, conn, it.LockToken, now, delay.Milliseconds(), false)
 		return err
 	})
 	d.log.Add(Event{Dispatcher: d.id, Kind: KindAbandon, Instance: it.InstanceID, Token: it.LockToken,
-		CallerBeforeMs: before, CallerAfterMs: after, LatencyUs: lat, AttemptCount: it.AttemptCount,
+		CallerBeforeMs: t.before, CallerAfterMs: t.after, LatencyUs: t.latencyUs, AttemptCount: it.AttemptCount,
 		Messages: it.ids, Outcome: outcome(err)})
 }
 
@@ -565,14 +710,14 @@ func (d *dispatcher) startRenewal(ctx context.Context, it *fetched) func() {
 				return
 			case <-tick.C:
 			}
-			before, after, lat, err := d.call(func(now int64) error {
-				return d.client.Renew(rctx, d.conn, it.LockToken, now, extend)
+			t, err := d.call(rctx, KindRenew, func(conn *pgx.Conn, now int64) error {
+				return d.client.Renew(rctx, conn, it.LockToken, now, extend)
 			})
 			if rctx.Err() != nil && err != nil {
 				return
 			}
 			d.log.Add(Event{Dispatcher: d.id, Kind: KindRenew, Instance: it.InstanceID, Token: it.LockToken,
-				CallerBeforeMs: before, CallerAfterMs: after, LatencyUs: lat, AttemptCount: it.AttemptCount,
+				CallerBeforeMs: t.before, CallerAfterMs: t.after, LatencyUs: t.latencyUs, AttemptCount: it.AttemptCount,
 				Outcome: outcome(err)})
 			if err != nil {
 				return
@@ -586,9 +731,12 @@ func (d *dispatcher) startRenewal(ctx context.Context, it *fetched) func() {
 }
 
 func outcome(err error) string {
+	var lost *LostConnError
 	switch {
 	case err == nil:
 		return OutcomeOK
+	case errors.As(err, &lost):
+		return Unknown(err)
 	case orch.IsInvalidLockToken(err) || isRenewRefused(err):
 		return OutcomeInvalidLockToken
 	default:
@@ -600,23 +748,17 @@ func isRenewRefused(err error) bool {
 	return orch.SQLState(err) == "P0001" && strings.Contains(err.Error(), "Lock token invalid")
 }
 
-// retryable is duroxide-pg's classification: deadlocks (40P01) and
-// invalidated cached plans (0A000) are retried; I/O and pool errors would
-// be too, but a lost connection here ends the dispatcher's usefulness, so
-// they back off like the runtime and keep failing visibly.
+// retryable is duroxide-pg's classification: deadlocks (40P01),
+// invalidated cached plans (0A000) and I/O errors (a lost connection, on
+// which the dispatcher connects again) are retried.
 func retryable(err error) bool {
+	var lost *LostConnError
+	if errors.As(err, &lost) {
+		return true
+	}
 	switch orch.SQLState(err) {
 	case "40P01", "0A000":
 		return true
 	}
 	return false
-}
-
-func sleep(ctx context.Context, d time.Duration) {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-	case <-t.C:
-	}
 }

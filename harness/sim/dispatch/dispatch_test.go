@@ -3,8 +3,10 @@ package dispatch_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"os"
 	"runtime"
+	"sync"
 	"testing"
 	"time"
 
@@ -401,4 +403,126 @@ func assertEventually(cond func() bool, within time.Duration) bool {
 		time.Sleep(10 * time.Millisecond)
 	}
 	return cond()
+}
+
+// The hooks see every call with its backend, and a crash after a fetch
+// drops that lease: no ack carries its token, the dispatcher connects
+// again, and the instance is taken up again once the lease expired.
+func TestHooksSeeEveryCallAndACrashDropsTheLease(t *testing.T) {
+	dsn, schema := newDB(t, 20)
+	var mu sync.Mutex
+	kinds := map[dispatch.Kind]int{}
+	connects, crashes := 0, 0
+	cfg := dispatch.Config{Schema: schema, Dispatchers: 1, Instances: 1, HistoryEvents: 10,
+		LockTimeout: 300 * time.Millisecond, PollInterval: 10 * time.Millisecond, Duration: 1500 * time.Millisecond,
+		Hooks: dispatch.Hooks{
+			Connect: func(ctx context.Context, _ int, c *pgx.ConnConfig) (*pgx.Conn, error) {
+				mu.Lock()
+				connects++
+				mu.Unlock()
+				return pgx.ConnectConfig(ctx, c)
+			},
+			Call: func(_ int, kind dispatch.Kind, pid uint32) func(error, bool) {
+				mu.Lock()
+				defer mu.Unlock()
+				if pid != 0 {
+					kinds[kind]++
+				}
+				return nil
+			},
+			Crash: func(int) (time.Duration, bool) {
+				mu.Lock()
+				defer mu.Unlock()
+				crashes++
+				return 10 * time.Millisecond, crashes == 1
+			},
+		}}
+	info, err := dispatch.Seed(context.Background(), dsn, cfg)
+	require.NoError(t, err)
+	log, err := dispatch.Run(context.Background(), dsn, cfg)
+	require.NoError(t, err)
+	ev := log.Events()
+
+	var crashed dispatch.Event
+	for _, e := range ev {
+		if e.Detail == dispatch.DetailCrashed {
+			crashed = e
+			break
+		}
+	}
+	require.True(t, crashed.HasRow(), "the first fetch crashed its dispatcher")
+	for _, e := range ev {
+		require.False(t, e.Kind != dispatch.KindFetch && e.Token == crashed.Token, "the crashed lease was used by %s", e.Kind)
+	}
+	require.Equal(t, 2, connects, "connected at the start and again after the crash")
+	// Each kind counted only calls made on a known backend.
+	require.Positive(t, kinds[dispatch.KindFetch])
+	require.Positive(t, kinds[dispatch.KindLeaseRead])
+	require.Positive(t, kinds[dispatch.KindAck])
+	s := dispatch.Summarize(ev, log.Elapsed(), 10)
+	require.Positive(t, s.CompletedTurns, "the instance advanced after the lease expired")
+	pending, err := dispatch.PendingMessages(context.Background(), dsn, schema)
+	require.NoError(t, err)
+	require.NoError(t, dispatch.Conservation(info.Messages, ev, pending))
+}
+
+// An ack whose connection is lost is recorded with an unknown outcome and
+// retried on a new connection, where it commits.
+func TestALostConnectionIsReplacedAndTheAckRetried(t *testing.T) {
+	dsn, schema := newDB(t, 20)
+	admin, err := pgx.Connect(context.Background(), dsn)
+	require.NoError(t, err)
+	defer admin.Close(context.Background())
+	killed, killErr := false, error(nil)
+	cfg := dispatch.Config{Schema: schema, Dispatchers: 1, Instances: 1, HistoryEvents: 10,
+		LockTimeout: 5 * time.Second, Duration: 500 * time.Millisecond,
+		Hooks: dispatch.Hooks{Call: func(_ int, kind dispatch.Kind, pid uint32) func(error, bool) {
+			if kind == dispatch.KindAck && !killed {
+				killed = true
+				// Wait (up to 5 s) until the backend is gone.
+				var ok bool
+				if killErr = admin.QueryRow(context.Background(), "SELECT pg_terminate_backend($1, 5000)", int64(pid)).Scan(&ok); killErr == nil && !ok {
+					killErr = errors.New("pg_terminate_backend: no such backend")
+				}
+			}
+			return nil
+		}}}
+	info, err := dispatch.Seed(context.Background(), dsn, cfg)
+	require.NoError(t, err)
+	log, err := dispatch.Run(context.Background(), dsn, cfg)
+	require.NoError(t, err)
+	require.True(t, killed)
+	require.NoError(t, killErr)
+	var acks []dispatch.Event
+	for _, e := range log.Events() {
+		if e.Kind == dispatch.KindAck {
+			acks = append(acks, e)
+		}
+	}
+	require.GreaterOrEqual(t, len(acks), 2)
+	require.True(t, dispatch.IsUnknown(acks[0].Outcome), "the ack on the killed connection: %s", acks[0].Outcome)
+	require.Equal(t, acks[0].Token, acks[1].Token, "retried with the same token")
+	require.Equal(t, dispatch.OutcomeOK, acks[1].Outcome)
+	pending, err := dispatch.PendingMessages(context.Background(), dsn, schema)
+	require.NoError(t, err)
+	ev := log.Events()
+	require.NoError(t, dispatch.Conservation(info.Messages, ev, pending), "the unknown ack did not commit, the retry did")
+}
+
+// What runs alongside the dispatchers is waited for, and its error is
+// Run's.
+func TestRunWaitsForWhatRunsAlongsideAndReturnsItsError(t *testing.T) {
+	dsn, schema := newDB(t, 20)
+	finished := false
+	cfg := dispatch.Config{Schema: schema, Dispatchers: 1, Instances: 1, HistoryEvents: 10, Duration: 200 * time.Millisecond,
+		Hooks: dispatch.Hooks{During: func(ctx context.Context) error {
+			<-ctx.Done()
+			finished = true
+			return errors.New("restart failed")
+		}}}
+	_, err := dispatch.Seed(context.Background(), dsn, cfg)
+	require.NoError(t, err)
+	_, err = dispatch.Run(context.Background(), dsn, cfg)
+	require.ErrorContains(t, err, "restart failed")
+	require.True(t, finished)
 }

@@ -1,6 +1,8 @@
 package dispatch
 
 import (
+	"strings"
+
 	"github.com/duroxide-pg/migrations/harness/sim/eventlog"
 )
 
@@ -24,6 +26,9 @@ const (
 	// KindAbandon is an abandon_orchestration_item call (only on the
 	// runtime's pinned-version check, which the seeded instances pass).
 	KindAbandon Kind = "abandon"
+	// KindLeaseRead is the read of a fetched lease (Hooks.Call sees it;
+	// the log records it in its fetch's Event).
+	KindLeaseRead Kind = "lease_read"
 )
 
 // Outcomes other than an error text.
@@ -31,6 +36,27 @@ const (
 	OutcomeOK               = "ok"
 	OutcomeEmpty            = "empty"              // a fetch that returned no row
 	OutcomeInvalidLockToken = "invalid_lock_token" // ack/abandon 'Invalid lock token', renew 'Lock token invalid, expired, or already released'
+	// OutcomeUnknownPrefix starts the Outcome of a call whose result is
+	// unknown: its connection was lost while it ran (package invariant
+	// decides from the log whether such an ack committed).
+	OutcomeUnknownPrefix = "unknown: "
+)
+
+// Unknown returns the Outcome of a call whose connection was lost with err.
+func Unknown(err error) string { return OutcomeUnknownPrefix + err.Error() }
+
+// IsUnknown reports an Outcome recorded with Unknown.
+func IsUnknown(outcome string) bool { return strings.HasPrefix(outcome, OutcomeUnknownPrefix) }
+
+// Details of a fetch.
+const (
+	// DetailLeaseUnread marks a fetch whose lease could not be read after
+	// it returned (the read failed, typically with the connection): its
+	// lease is not known to be dead.
+	DetailLeaseUnread = "lease_unread"
+	// DetailCrashed marks a fetch after which its dispatcher crashed
+	// (Hooks.Crash): the lease was dropped, never acked nor abandoned.
+	DetailCrashed = "crashed"
 )
 
 // Event is one provider call made by a simulated dispatcher. Times are epoch
@@ -81,12 +107,16 @@ type Event struct {
 	Messages []string `json:"messages,omitempty"`
 	Enqueued []string `json:"enqueued,omitempty"`
 	// Detail qualifies an ack: "terminal" for the batch of a terminal
-	// instance, acked with no changes.
+	// instance, acked with no changes; or a fetch: DetailLeaseUnread,
+	// DetailCrashed.
 	Detail string `json:"detail,omitempty"`
 }
 
 // HasRow reports a fetch that returned a row (a lease).
 func (e Event) HasRow() bool { return e.Kind == KindFetch && e.Token != "" }
+
+// Lease is a fetched lease's RemainingMs and LeaseLost (eventlog.Leased).
+func (e Event) Lease() (remainingMs int64, lost bool) { return e.RemainingMs, e.LeaseLost }
 
 // DeadOnArrival reports a fetch whose lease had already expired, by the
 // caller's own clock, when the row reached the caller.

@@ -71,7 +71,7 @@ func Seed(ctx context.Context, dsn string, cfg Config) (SeedInfo, error) {
 		mid := fmt.Sprintf("m-0-%d", i)
 		info.Messages = append(info.Messages, mid)
 		// Visible since a second ago, so that clocks skewed behind see it too.
-		queueRows = append(queueRows, []any{id, string(externalRaised(id, mid)), now.Add(-time.Second), now, int32(0)})
+		queueRows = append(queueRows, []any{id, orch.ExternalEventWorkItem(id, EventName, mid), now.Add(-time.Second), now, int32(0)})
 	}
 	if _, err := tx.CopyFrom(ctx, pgx.Identifier{cfg.Schema, "instances"},
 		[]string{"instance_id", "orchestration_name", "orchestration_version", "current_execution_id", "created_at", "updated_at"},
@@ -207,28 +207,41 @@ func PendingMessages(ctx context.Context, dsn, schema string) ([]string, error) 
 // successful ack (ack, fail_ack or poison) or is still pending, and nothing
 // else was consumed or is pending.
 func Conservation(seeded []string, events []Event, pending []string) error {
-	produced := map[string]int{}
-	for _, id := range seeded {
-		produced[id]++
-	}
-	consumed := map[string]int{}
+	produced, consumed := Seeded(seeded), map[string]int{}
 	for _, e := range events {
-		if e.Outcome != OutcomeOK {
-			continue
-		}
-		switch e.Kind {
-		case KindAck, KindFailAck, KindPoison:
-			for _, id := range e.Messages {
-				if id != "" {
-					consumed[id]++
-				}
-			}
-			for _, id := range e.Enqueued {
-				produced[id]++
-			}
+		if e.Outcome == OutcomeOK {
+			e.CountCommitted(produced, consumed)
 		}
 	}
 	return eventlog.Conservation("messages", produced, consumed, pending)
+}
+
+// Seeded counts the seeded ids as produced once each.
+func Seeded(ids []string) map[string]int {
+	produced := make(map[string]int, len(ids))
+	for _, id := range ids {
+		produced[id]++
+	}
+	return produced
+}
+
+// IsAck reports the kinds that ack a batch: ack, fail_ack and poison.
+func (k Kind) IsAck() bool { return k == KindAck || k == KindFailAck || k == KindPoison }
+
+// CountCommitted counts an ack that committed: its batch's messages as
+// consumed, the ids it enqueued as produced. Other events count nothing.
+func (e Event) CountCommitted(produced, consumed map[string]int) {
+	if !e.Kind.IsAck() {
+		return
+	}
+	for _, id := range e.Messages {
+		if id != "" {
+			consumed[id]++
+		}
+	}
+	for _, id := range e.Enqueued {
+		produced[id]++
+	}
 }
 
 // MeasureFetch times n uncontended fetch_orchestration_item calls on one

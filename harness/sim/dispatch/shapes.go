@@ -117,13 +117,6 @@ func (m metadata) JSON() json.RawMessage {
 
 func strp(s string) *string { return &s }
 
-// externalRaised is the work item every message of the simulation is: an
-// ExternalRaised for EventName whose data is the message's unique id.
-func externalRaised(instance, id string) json.RawMessage {
-	return object(field{"ExternalRaised", object(
-		field{"instance", instance}, field{"name", EventName}, field{"data", id})})
-}
-
 // MessageIDs returns the data of each ExternalRaised of a fetched batch (the
 // message ids); other work items yield "".
 func MessageIDs(messages json.RawMessage) ([]string, error) {

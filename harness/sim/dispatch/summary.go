@@ -216,19 +216,7 @@ func Summarize(events []Event, elapsed time.Duration, maxAttempts int) Summary {
 // Percentile is the nearest-rank p-th percentile of sorted values.
 func Percentile(sorted []int64, p float64) int64 { return eventlog.Percentile(sorted, p) }
 
-// Remaining returns the remaining lease at return (ms) of every fetch that
-// returned a readable lease, and the number of leases lost before they
-// could be read.
-func Remaining(events []Event) (values []int64, lost int) {
-	for _, e := range events {
-		if !e.HasRow() {
-			continue
-		}
-		if e.LeaseLost {
-			lost++
-			continue
-		}
-		values = append(values, e.RemainingMs)
-	}
-	return values, lost
-}
+// Remaining returns the remaining lease at return (ms, caller's clock) of
+// every fetch that returned a readable lease, and the number of leases
+// lost before they could be read.
+func Remaining(events []Event) (values []int64, lost int) { return eventlog.Remaining(events) }

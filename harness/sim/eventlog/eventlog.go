@@ -91,33 +91,87 @@ func Percentile(sorted []int64, p float64) int64 {
 	return sorted[min(max(i, 0), len(sorted)-1)]
 }
 
+// Leased is an event that may carry a lease: a fetch that returned a row.
+type Leased interface {
+	// HasRow reports a fetch that returned a row (a lease).
+	HasRow() bool
+	// Lease is the lease's remaining time at return (ms), and whether it
+	// was lost before it could be read (the time is then unknown).
+	Lease() (remainingMs int64, lost bool)
+}
+
+// Remaining returns the remaining lease at return (ms) of every fetch that
+// returned a readable lease, and the number of leases lost before they
+// could be read.
+func Remaining[E Leased](events []E) (values []int64, lost int) {
+	for _, e := range events {
+		if !e.HasRow() {
+			continue
+		}
+		if ms, gone := e.Lease(); gone {
+			lost++
+		} else {
+			values = append(values, ms)
+		}
+	}
+	return values, lost
+}
+
+// Tally is how often one id was produced, consumed, and is still pending.
+type Tally struct {
+	ID                          string
+	Produced, Consumed, Pending int
+}
+
+// Conserved reports an id produced once and then either consumed once or
+// still pending.
+func (t Tally) Conserved() bool { return t.Produced == 1 && t.Consumed+t.Pending == 1 }
+
+// Tallies counts every id that was produced, consumed or is pending, in id
+// order: what a conservation check reads.
+func Tallies(produced, consumed map[string]int, pending []string) []Tally {
+	left := map[string]int{}
+	for _, id := range pending {
+		left[id]++
+	}
+	ids := map[string]bool{}
+	for _, m := range []map[string]int{produced, consumed, left} {
+		for id := range m {
+			ids[id] = true
+		}
+	}
+	out := make([]Tally, 0, len(ids))
+	for id := range ids {
+		out = append(out, Tally{ID: id, Produced: produced[id], Consumed: consumed[id], Pending: left[id]})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out
+}
+
 // Conservation checks that nothing was lost or delivered twice: every id
 // produced was produced once and was consumed exactly once or is still
 // pending, never both, and nothing else was consumed or is pending. noun
 // names the ids in the error ("messages", "items"); at most ten problems
 // are listed.
 func Conservation(noun string, produced, consumed map[string]int, pending []string) error {
-	left := map[string]int{}
-	for _, id := range pending {
-		left[id]++
-	}
 	var problems []string
-	for id, n := range produced {
-		if n > 1 {
-			problems = append(problems, fmt.Sprintf("%s produced %d times", id, n))
-		}
-		if c, l := consumed[id], left[id]; c+l != 1 {
-			problems = append(problems, fmt.Sprintf("%s consumed %d times, pending %d times", id, c, l))
-		}
-	}
-	for id := range consumed {
-		if produced[id] == 0 {
-			problems = append(problems, fmt.Sprintf("%s consumed but never produced", id))
-		}
-	}
-	for id := range left {
-		if produced[id] == 0 {
-			problems = append(problems, fmt.Sprintf("%s pending but never produced", id))
+	for _, t := range Tallies(produced, consumed, pending) {
+		switch {
+		case t.Conserved():
+		case t.Produced == 0:
+			if t.Consumed > 0 {
+				problems = append(problems, fmt.Sprintf("%s consumed but never produced", t.ID))
+			}
+			if t.Pending > 0 {
+				problems = append(problems, fmt.Sprintf("%s pending but never produced", t.ID))
+			}
+		default:
+			if t.Produced > 1 {
+				problems = append(problems, fmt.Sprintf("%s produced %d times", t.ID, t.Produced))
+			}
+			if t.Consumed+t.Pending != 1 {
+				problems = append(problems, fmt.Sprintf("%s consumed %d times, pending %d times", t.ID, t.Consumed, t.Pending))
+			}
 		}
 	}
 	if len(problems) == 0 {

@@ -59,3 +59,16 @@ func TestConservationNamesWhatWasLostOrDoubled(t *testing.T) {
 		require.ErrorContains(t, err, want)
 	}
 }
+
+func TestTalliesCountEveryIDInOrder(t *testing.T) {
+	got := Tallies(map[string]int{"b": 1, "a": 2}, map[string]int{"a": 1, "c": 1}, []string{"b", "d"})
+	require.Equal(t, []Tally{
+		{ID: "a", Produced: 2, Consumed: 1},
+		{ID: "b", Produced: 1, Pending: 1},
+		{ID: "c", Consumed: 1},
+		{ID: "d", Pending: 1},
+	}, got)
+	require.False(t, got[0].Conserved(), "produced twice")
+	require.True(t, got[1].Conserved(), "produced once, still pending")
+	require.False(t, got[2].Conserved(), "never produced")
+}

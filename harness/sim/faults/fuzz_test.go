@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/duroxide-pg/migrations/harness/sim/dispatch"
 	"github.com/duroxide-pg/migrations/harness/sim/faults"
 )
 
@@ -14,12 +15,14 @@ import (
 // kills, bit 1 crashes, bit 2 low statement/lock timeouts).
 func fuzzConfig(dispatchers uint8, lockMs, turnMs uint16, skewMs int32, mixed bool, faultMask uint8, seed uint64) (faults.Config, faults.Checks) {
 	c := faults.Config{
-		Dispatchers:   1 + int(dispatchers%8),
-		Instances:     2,
-		HistoryEvents: 10,
-		LockTimeout:   time.Duration(100+int(lockMs%1001)) * time.Millisecond,
-		Duration:      1200 * time.Millisecond,
-		RandSeed:      seed | 1,
+		Config: dispatch.Config{
+			Dispatchers:   1 + int(dispatchers%8),
+			Instances:     2,
+			HistoryEvents: 10,
+			LockTimeout:   time.Duration(100+int(lockMs%1001)) * time.Millisecond,
+			Duration:      1200 * time.Millisecond,
+		},
+		RandSeed: seed | 1,
 	}
 	c.TurnTime = time.Duration(int(turnMs)%(int(c.LockTimeout/time.Millisecond)/2+1)) * time.Millisecond
 	skew := time.Duration(skewMs%60_001) * time.Millisecond

@@ -4,6 +4,9 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"time"
+
+	"github.com/duroxide-pg/migrations/harness/sim/clock"
+	"github.com/duroxide-pg/migrations/harness/sim/dispatch"
 )
 
 // Scenario is one named fault scenario.
@@ -22,8 +25,8 @@ const DefaultLockTimeout = 500 * time.Millisecond
 // base is the shape every scenario shares: 4 dispatchers on 3 hot
 // instances, T = 500 ms, 20 ms turns.
 func base(d time.Duration) Config {
-	return Config{Dispatchers: 4, Instances: 3, HistoryEvents: 20, EventBytes: 100,
-		LockTimeout: DefaultLockTimeout, TurnTime: 20 * time.Millisecond, Duration: d}
+	return Config{Config: dispatch.Config{Dispatchers: 4, Instances: 3, HistoryEvents: 20, EventBytes: 100,
+		LockTimeout: DefaultLockTimeout, TurnTime: 20 * time.Millisecond, Duration: d}}
 }
 
 // UniformSkews are the uniform clock offsets the skew scenarios use, for a
@@ -33,23 +36,7 @@ func UniformSkews(t time.Duration) []time.Duration {
 }
 
 // MixedSkews spreads n dispatchers' clocks evenly over [-t/4, +t/4].
-func MixedSkews(n int, t time.Duration) []time.Duration {
-	out := make([]time.Duration, n)
-	for i := range out {
-		if n > 1 {
-			out[i] = -t/4 + time.Duration(float64(t/2)*float64(i)/float64(n-1))
-		}
-	}
-	return out
-}
-
-func same(n int, s time.Duration) []time.Duration {
-	out := make([]time.Duration, n)
-	for i := range out {
-		out[i] = s
-	}
-	return out
-}
+func MixedSkews(n int, t time.Duration) []time.Duration { return clock.Spreads(-t/4, t/4, n) }
 
 // Scenarios are the fault scenarios, each running for d:
 //
@@ -80,7 +67,7 @@ func Scenarios(d time.Duration) []Scenario {
 	out = append(out, Scenario{Name: "restart", Config: rs, Checks: Checks{RequireAdvance: true}, NeedsRestart: true})
 	for _, s := range UniformSkews(DefaultLockTimeout) {
 		c := base(d)
-		c.Skews = same(c.Dispatchers, s)
+		c.Skews = clock.Same(c.Dispatchers, s)
 		out = append(out, Scenario{Name: fmt.Sprintf("skew%+dms", s.Milliseconds()), Config: c,
 			Checks: Checks{ForbidDeadLeases: true, RequireAdvance: true}})
 	}
@@ -106,7 +93,7 @@ func Mixed(rng *rand.Rand, d time.Duration, withRestart bool) Scenario {
 	}
 	c.Skews = MixedSkews(c.Dispatchers, c.LockTimeout)
 	if rng.IntN(3) == 0 {
-		c.Skews = same(c.Dispatchers, UniformSkews(c.LockTimeout)[rng.IntN(5)])
+		c.Skews = clock.Same(c.Dispatchers, UniformSkews(c.LockTimeout)[rng.IntN(5)])
 	}
 	c.RandSeed = rng.Uint64()
 	if withRestart {

@@ -15,19 +15,48 @@ import (
 // scenarioDuration keeps each run at 2-4 s.
 const scenarioDuration = 2500 * time.Millisecond
 
-// runAt runs sc on a fresh database at version.
-func runAt(t *testing.T, pool *testdb.Pool, sc faults.Scenario, version int64) *faults.Result {
-	t.Helper()
-	db := pool.New(t, version)
+// runAt runs sc on a fresh database of pool at version, its dispatchers
+// connected with via(db) (nil: the database's own DSN). It reports with
+// Errorf and returns nil on failure, so that it can run in a goroutine;
+// the database is dropped unless the test failed.
+func runAt(t *testing.T, pool *testdb.Pool, sc faults.Scenario, version int64, via func(*testdb.Database) string) *faults.Result {
+	db, err := pool.Create(context.Background(), version)
+	if err != nil {
+		t.Errorf("database at %d: %v", version, err)
+		return nil
+	}
+	t.Cleanup(func() {
+		if !t.Failed() {
+			_ = db.Drop(context.Background())
+		}
+	})
 	cfg := sc.Config
 	cfg.Schema = db.Schema
+	if via != nil {
+		cfg.ConnectDSN = via(db)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	res, err := faults.Run(ctx, db.DSN, cfg, sc.Checks)
 	if err != nil {
-		t.Fatalf("%s at %d: %v", sc.Name, version, err)
+		t.Errorf("%s at %d: %v", sc.Name, version, err)
+		return nil
 	}
 	return res
+}
+
+// runBoth runs sc at 19 and at the pack's latest version, both at once,
+// and stops the test when either could not run.
+func runBoth(t *testing.T, sc faults.Scenario, via func(*testdb.Database) string) (v19, vl *faults.Result) {
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); v19 = runAt(t, dbs, sc, bugVersion, via) }()
+	go func() { defer wg.Done(); vl = runAt(t, dbs, sc, latest, via) }()
+	wg.Wait()
+	if v19 == nil || vl == nil {
+		t.FailNow()
+	}
+	return v19, vl
 }
 
 // check logs both versions and asserts the latest.
@@ -58,15 +87,7 @@ func TestScenarios(t *testing.T) {
 		}
 		t.Run(sc.Name, func(t *testing.T) {
 			t.Parallel()
-			var v19, vl *faults.Result
-			var wg sync.WaitGroup
-			wg.Add(2)
-			go func() { defer wg.Done(); v19 = runAtNoFatal(t, dbs, sc, bugVersion) }()
-			go func() { defer wg.Done(); vl = runAtNoFatal(t, dbs, sc, latest) }()
-			wg.Wait()
-			if v19 == nil || vl == nil {
-				t.FailNow()
-			}
+			v19, vl := runBoth(t, sc, nil)
 			check(t, sc, v19, vl)
 			if sc.Name == "kill" && vl.Faults.KillsInjected == 0 {
 				t.Errorf("kill: no backend was killed")
@@ -76,30 +97,6 @@ func TestScenarios(t *testing.T) {
 			}
 		})
 	}
-}
-
-// runAtNoFatal is runAt for a goroutine: it reports with Errorf.
-func runAtNoFatal(t *testing.T, pool *testdb.Pool, sc faults.Scenario, version int64) *faults.Result {
-	db, err := pool.Create(context.Background(), version)
-	if err != nil {
-		t.Errorf("database at %d: %v", version, err)
-		return nil
-	}
-	t.Cleanup(func() {
-		if !t.Failed() {
-			_ = db.Drop(context.Background())
-		}
-	})
-	cfg := sc.Config
-	cfg.Schema = db.Schema
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	res, err := faults.Run(ctx, db.DSN, cfg, sc.Checks)
-	if err != nil {
-		t.Errorf("%s at %d: %v", sc.Name, version, err)
-		return nil
-	}
-	return res
 }
 
 // TestRestart restarts the server mid-run. It needs a server the harness
@@ -131,8 +128,11 @@ func TestRestart(t *testing.T) {
 		t.Logf("restart scenario config: %+v", sc.Config)
 	}
 	// One version at a time: a restart ends every session on the server.
-	v19 := runAt(t, pool, sc, bugVersion)
-	vl := runAt(t, pool, sc, latest)
+	v19 := runAt(t, pool, sc, bugVersion, nil)
+	vl := runAt(t, pool, sc, latest, nil)
+	if v19 == nil || vl == nil {
+		t.FailNow()
+	}
 	check(t, sc, v19, vl)
 	if vl.Faults.Restarts != 1 {
 		t.Errorf("restart: %d restarts, want 1", vl.Faults.Restarts)
@@ -173,34 +173,7 @@ func TestScenariosThroughPgBouncer(t *testing.T) {
 		ran++
 		t.Run(sc.Name, func(t *testing.T) {
 			t.Parallel()
-			var v19, vl *faults.Result
-			var wg sync.WaitGroup
-			wg.Add(2)
-			via := func(sc faults.Scenario, version int64) *faults.Result {
-				db, err := dbs.Create(context.Background(), version)
-				if err != nil {
-					t.Errorf("database at %d: %v", version, err)
-					return nil
-				}
-				t.Cleanup(func() { _ = db.Drop(context.Background()) })
-				cfg := sc.Config
-				cfg.Schema = db.Schema
-				cfg.ConnectDSN = b.DSN(db.Name)
-				ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-				defer cancel()
-				res, err := faults.Run(ctx, db.DSN, cfg, sc.Checks)
-				if err != nil {
-					t.Errorf("%s at %d through pgbouncer: %v", sc.Name, version, err)
-					return nil
-				}
-				return res
-			}
-			go func() { defer wg.Done(); v19 = via(sc, bugVersion) }()
-			go func() { defer wg.Done(); vl = via(sc, latest) }()
-			wg.Wait()
-			if v19 == nil || vl == nil {
-				t.FailNow()
-			}
+			v19, vl := runBoth(t, sc, func(db *testdb.Database) string { return b.DSN(db.Name) })
 			check(t, sc, v19, vl)
 			if sc.Name == "crash" && vl.Faults.Crashes == 0 {
 				t.Errorf("crash: no dispatcher crashed")

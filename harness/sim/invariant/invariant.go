@@ -37,21 +37,23 @@ import (
 	"time"
 
 	"github.com/duroxide-pg/migrations/harness/sim/dispatch"
+	"github.com/duroxide-pg/migrations/harness/sim/eventlog"
 )
 
 // OutcomeUnknownPrefix starts the Outcome of a call whose result is unknown
-// (the connection was lost while it ran).
-const OutcomeUnknownPrefix = "unknown: "
+// (the connection was lost while it ran); the dispatchers record it
+// (dispatch.Unknown).
+const OutcomeUnknownPrefix = dispatch.OutcomeUnknownPrefix
 
 // DetailLeaseUnread marks a fetch whose lease could not be read after it
 // returned (the connection was lost): it is not counted as dead.
-const DetailLeaseUnread = "lease_unread"
+const DetailLeaseUnread = dispatch.DetailLeaseUnread
 
 // Unknown returns the Outcome of a call whose connection was lost with err.
-func Unknown(err error) string { return OutcomeUnknownPrefix + err.Error() }
+func Unknown(err error) string { return dispatch.Unknown(err) }
 
 // IsUnknown reports an Outcome recorded with Unknown.
-func IsUnknown(outcome string) bool { return strings.HasPrefix(outcome, OutcomeUnknownPrefix) }
+func IsUnknown(outcome string) bool { return dispatch.IsUnknown(outcome) }
 
 // The invariants, as named in Violation.Invariant.
 const (
@@ -161,10 +163,6 @@ type lease struct {
 	committed               bool
 }
 
-func isAck(k dispatch.Kind) bool {
-	return k == dispatch.KindAck || k == dispatch.KindFailAck || k == dispatch.KindPoison
-}
-
 // Check checks every invariant.
 func Check(in Input) Report {
 	maxAttempts := in.MaxAttempts
@@ -219,24 +217,20 @@ func Check(in Input) Report {
 	}
 
 	// Decide which acks committed.
-	produced := map[string]int{}
-	for _, id := range in.Seeded {
-		produced[id]++
-	}
-	consumed := map[string]int{}
+	produced, consumed := dispatch.Seeded(in.Seeded), map[string]int{}
 	// A token commits at most once (its ack deletes the lease): an unknown
 	// ack of a token that also has a known committed ack, or whose earlier
 	// unknown ack was already found committed, did not commit (a retry
 	// carries the same enqueued ids).
 	okTokens := map[string]bool{}
 	for _, e := range in.Events {
-		if isAck(e.Kind) && e.Outcome == dispatch.OutcomeOK {
+		if e.Kind.IsAck() && e.Outcome == dispatch.OutcomeOK {
 			okTokens[e.Token] = true
 		}
 	}
 	resolved := map[string]bool{}
 	for _, e := range in.Events {
-		if !isAck(e.Kind) {
+		if !e.Kind.IsAck() {
 			continue
 		}
 		committed := e.Outcome == dispatch.OutcomeOK
@@ -252,14 +246,7 @@ func Check(in Input) Report {
 			continue
 		}
 		r.CommittedAcks++
-		for _, id := range e.Messages {
-			if id != "" {
-				consumed[id]++
-			}
-		}
-		for _, id := range e.Enqueued {
-			produced[id]++
-		}
+		e.CountCommitted(produced, consumed)
 		if e.Kind == dispatch.KindAck && e.Detail == "" {
 			r.TurnsByInstance[e.Instance]++
 		}
@@ -307,36 +294,21 @@ func Check(in Input) Report {
 	r.Checks += r.ExclusionPairs
 
 	// Conservation.
-	ids := make([]string, 0, len(produced))
-	for id := range produced {
-		ids = append(ids, id)
-	}
-	for id := range consumed {
-		if produced[id] == 0 {
-			ids = append(ids, id)
-		}
-	}
-	for id := range pending {
-		if produced[id] == 0 && consumed[id] == 0 {
-			ids = append(ids, id)
-		}
-	}
-	sort.Strings(ids)
-	for _, id := range ids {
+	for _, t := range eventlog.Tallies(produced, consumed, in.Pending) {
 		r.Messages++
-		p, c, q := produced[id], consumed[id], pending[id]
 		switch {
-		case p == 0:
-			r.Violations = append(r.Violations, Violation{Conservation, "", fmt.Sprintf("%s consumed %d / pending %d times but never produced", id, c, q)})
-		case p > 1:
+		case t.Conserved():
+		case t.Produced == 0:
+			r.Violations = append(r.Violations, Violation{Conservation, "", fmt.Sprintf("%s consumed %d / pending %d times but never produced", t.ID, t.Consumed, t.Pending)})
+		case t.Produced > 1:
 			r.Doubled++
-			r.Violations = append(r.Violations, Violation{Conservation, "", fmt.Sprintf("%s produced %d times", id, p)})
-		case c+q == 0:
+			r.Violations = append(r.Violations, Violation{Conservation, "", fmt.Sprintf("%s produced %d times", t.ID, t.Produced)})
+		case t.Consumed+t.Pending == 0:
 			r.Lost++
-			r.Violations = append(r.Violations, Violation{Conservation, "", fmt.Sprintf("%s lost: produced, never consumed, not pending", id)})
-		case c+q > 1:
+			r.Violations = append(r.Violations, Violation{Conservation, "", fmt.Sprintf("%s lost: produced, never consumed, not pending", t.ID)})
+		default:
 			r.Doubled++
-			r.Violations = append(r.Violations, Violation{Conservation, "", fmt.Sprintf("%s doubled: consumed %d times, pending %d times", id, c, q)})
+			r.Violations = append(r.Violations, Violation{Conservation, "", fmt.Sprintf("%s doubled: consumed %d times, pending %d times", t.ID, t.Consumed, t.Pending)})
 		}
 	}
 	r.Checks += r.Messages

@@ -189,10 +189,17 @@ func StartWorkItem(instance, orchestration, version string, executionID int64) s
 	return string(b)
 }
 
-// ExternalEventWorkItem is an ExternalRaised work item carrying data.
+// ExternalEventWorkItem is an ExternalRaised work item carrying data, its
+// fields in duroxide's declaration order (instance, name, data), as serde
+// writes it. It is the one place the simulators build this JSON.
 func ExternalEventWorkItem(instance, name, data string) string {
-	b, _ := json.Marshal(map[string]any{"ExternalRaised": map[string]any{
-		"instance": instance, "name": name, "data": data,
-	}})
+	type externalRaised struct {
+		Instance string `json:"instance"`
+		Name     string `json:"name"`
+		Data     string `json:"data"`
+	}
+	b, _ := json.Marshal(struct {
+		ExternalRaised externalRaised `json:"ExternalRaised"`
+	}{externalRaised{instance, name, data}})
 	return string(b)
 }

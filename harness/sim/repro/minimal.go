@@ -1,13 +1,20 @@
-// Package repro reproduces the lease defect of fetch_orchestration_item at
-// schema version 19 and shows its absence at 20: the minimal, deterministic
-// repro (a stale caller timestamp) and the organic one (many dispatchers).
+// Package repro shows the bugs the pack fixes and their absence after the
+// fixes, on the schema versions just before and with each fix (Versions,
+// WorkerVersions: read from sql/): the lease defect of
+// fetch_orchestration_item with the minimal, deterministic repro (a stale
+// caller timestamp) and the organic one (many dispatchers), and the worker
+// queue's with the worker minimal repro and the worker scenario. Each
+// comes with its verdict, its tables and its report sections.
 package repro
 
 import (
 	"context"
 	"fmt"
+	"io"
 	"strings"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/duroxide-pg/migrations/harness/sim/orch"
 	"github.com/duroxide-pg/migrations/harness/testenv/pgtest"
@@ -33,33 +40,55 @@ func (c *MinimalConfig) defaults() {
 	}
 }
 
-// MinimalResult is what one schema did with a stale caller timestamp.
-type MinimalResult struct {
+// StaleFetch is what one schema did with a fetch whose p_now_ms was
+// StaleMs behind the database clock, then an ack with the returned token
+// and a current p_now_ms: the minimal repros' first scenario, for the
+// orchestration queue (Minimal) and the worker queue (WorkerMinimal).
+type StaleFetch struct {
 	Schema        string `json:"schema"`
 	Version       int64  `json:"version"`
-	Instance      string `json:"instance"`
 	StaleMs       int64  `json:"stale_ms"`
 	LockTimeoutMs int64  `json:"lock_timeout_ms"`
 	// Fetched is false when fetch returned no row (which is itself a
 	// failure of the repro).
 	Fetched bool `json:"fetched"`
-	// RemainingMs is locked_until minus the database clock, read right
-	// after fetch returned.
+	// RemainingMs is locked_until minus the database clock when the
+	// function returned.
 	RemainingMs int64  `json:"remaining_ms"`
 	AckOK       bool   `json:"ack_ok"`
 	AckError    string `json:"ack_error,omitempty"`
 }
 
-// Bug reports the version-19 symptom: a lease already expired when
-// returned, and an ack refused with Invalid lock token.
-func (r MinimalResult) Bug() bool {
+// Bug reports the symptom before the fix: a lease already expired when
+// returned, and the ack refused.
+func (r StaleFetch) Bug() bool {
 	return r.Fetched && r.RemainingMs <= 0 && !r.AckOK
 }
 
-// Fixed reports the version-20 behaviour: a full lease (at least the
+// Fixed reports the behaviour of the fix: a full lease (at least the
 // timeout minus 100 ms by the database clock) and a successful ack.
-func (r MinimalResult) Fixed() bool {
+func (r StaleFetch) Fixed() bool {
 	return r.Fetched && r.RemainingMs >= r.LockTimeoutMs-100 && r.AckOK
+}
+
+func (r StaleFetch) version() int64 { return r.Version }
+
+// ack is the ack's outcome as the tables show it: "ok", what refused it
+// (refused), or "-" when nothing was fetched.
+func (r StaleFetch) ack(refused string) string {
+	switch {
+	case r.AckOK:
+		return "ok"
+	case r.AckError != "":
+		return refused
+	}
+	return "-"
+}
+
+// MinimalResult is what one schema did with a stale caller timestamp.
+type MinimalResult struct {
+	StaleFetch
+	Instance string `json:"instance"`
 }
 
 // Minimal enqueues one visible message for a fresh instance in schema,
@@ -69,8 +98,8 @@ func (r MinimalResult) Fixed() bool {
 func Minimal(ctx context.Context, q orch.Querier, schema string, version int64, cfg MinimalConfig) (MinimalResult, error) {
 	cfg.defaults()
 	c := orch.New(schema)
-	res := MinimalResult{Schema: schema, Version: version, Instance: pgtest.UniqueName("repro-minimal-"),
-		StaleMs: cfg.StaleMs, LockTimeoutMs: cfg.LockTimeoutMs}
+	res := MinimalResult{Instance: pgtest.UniqueName("repro-minimal-"),
+		StaleFetch: StaleFetch{Schema: schema, Version: version, StaleMs: cfg.StaleMs, LockTimeoutMs: cfg.LockTimeoutMs}}
 	dbNow, err := orch.DBNowMs(ctx, q)
 	if err != nil {
 		return res, fmt.Errorf("read database clock: %w", err)
@@ -112,6 +141,58 @@ func Minimal(ctx context.Context, q orch.Querier, schema string, version int64, 
 	return res, nil
 }
 
+// RunMinimal runs Minimal at each of versions, on schemas[v] in the
+// database of dsn, over one connection, with the runtime's version filter.
+func RunMinimal(ctx context.Context, dsn string, schemas map[int64]string, versions []int64) ([]MinimalResult, error) {
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		return nil, fmt.Errorf("minimal repro: %w", err)
+	}
+	defer conn.Close(context.Background())
+	return atEach(versions, "minimal repro", func(v int64) (MinimalResult, error) {
+		return Minimal(ctx, conn, schemas[v], v, MinimalConfig{Filter: orch.RuntimeFilter()})
+	})
+}
+
+// atEach runs run at each version, in order, and collects the results;
+// what names the repro in errors.
+func atEach[R any](versions []int64, what string, run func(v int64) (R, error)) ([]R, error) {
+	var out []R
+	for _, v := range versions {
+		r, err := run(v)
+		if err != nil {
+			return nil, fmt.Errorf("%s at %d: %w", what, v, err)
+		}
+		out = append(out, r)
+	}
+	return out, nil
+}
+
+// MinimalVerdict holds when the first result shows the bug and the second
+// the fix.
+func MinimalVerdict(results []MinimalResult) bool { return pairVerdict(results) }
+
+// MinimalRows are the minimal repro's side-by-side rows: a header, then
+// label and one cell per version.
+func MinimalRows(results []MinimalResult) [][]string {
+	return append([][]string{versionHeader(results)}, rowsOf(results, []rowDef[MinimalResult]{
+		{"row returned", func(r MinimalResult) string { return fmt.Sprint(r.Fetched) }},
+		{"remaining lease at return (ms, db clock)", func(r MinimalResult) string { return fmt.Sprintf("%+d", r.RemainingMs) }},
+		{"ack with the returned token", func(r MinimalResult) string { return r.ack(r.AckError) }},
+	})...)
+}
+
+// PrintMinimal writes the minimal repro's results side by side, with its
+// settings and its verdict.
+func PrintMinimal(w io.Writer, results []MinimalResult) error {
+	if len(results) == 0 {
+		return nil
+	}
+	fmt.Fprintf(w, "minimal repro: fetch with p_now_ms %d ms stale, lock timeout %d ms, runtime version filter\n\n",
+		results[0].StaleMs, results[0].LockTimeoutMs)
+	return printPair(w, results, MinimalRows(results))
+}
+
 // MinimalMarkdown renders the minimal repro's results as a Markdown section.
 func MinimalMarkdown(results []MinimalResult) string {
 	if len(results) == 0 {
@@ -122,26 +203,7 @@ func MinimalMarkdown(results []MinimalResult) string {
 	fmt.Fprintf(&b, "One visible message; fetch with p_now_ms %d ms behind the database clock and a %d ms lock timeout; "+
 		"remaining lease read against the database clock right after the call; then an ack with the returned token.\n\n",
 		results[0].StaleMs, results[0].LockTimeoutMs)
-	b.WriteString("|")
-	for _, r := range results {
-		fmt.Fprintf(&b, " | version %d", r.Version)
-	}
-	b.WriteString(" |\n|---")
-	for range results {
-		b.WriteString("|---")
-	}
-	b.WriteString("|\n| remaining lease at return (ms)")
-	for _, r := range results {
-		fmt.Fprintf(&b, " | %+d", r.RemainingMs)
-	}
-	b.WriteString(" |\n| ack with the returned token")
-	for _, r := range results {
-		ack := "ok"
-		if !r.AckOK {
-			ack = r.AckError
-		}
-		fmt.Fprintf(&b, " | %s", ack)
-	}
-	b.WriteString(" |\n")
+	rows := MinimalRows(results)
+	writeMarkdownTable(&b, rows[0], rows[1:])
 	return b.String()
 }

@@ -6,22 +6,13 @@ import (
 	"sort"
 	"time"
 
-	"github.com/duroxide-pg/migrations/harness/ops/migrate"
 	"github.com/duroxide-pg/migrations/harness/sim/dispatch"
-	migrations "github.com/duroxide-pg/migrations/sql"
 )
 
 // The organic scenario: no hand-made stale timestamp, just the runtime's
 // dispatch loop (package dispatch) run against each schema version, one
 // after the other, with the same seed and settings. See OrganicDefaults for
 // the settings and what they gave when measured.
-
-// Versions are the schema versions the repros compare: the version before
-// the pack's fix of fetch_orchestration_item, and that fix (read from sql/).
-func Versions() (bug, fix int) {
-	b, f := migrations.FetchFix()
-	return int(b), int(f)
-}
 
 // Verdict thresholds.
 const (
@@ -115,61 +106,13 @@ func OrganicShort() dispatch.Config {
 // organic_vN for each of Versions.
 func OrganicSchemas() map[int]string {
 	bug, fix := Versions()
-	return map[int]string{bug: fmt.Sprintf("organic_v%d", bug), fix: fmt.Sprintf("organic_v%d", fix)}
+	return schemasOf("organic", bug, fix)
 }
 
 // PrepareOrganic migrates OrganicSchemas in the database of dsn, each to its
 // version. It returns the map RunOrganic takes.
 func PrepareOrganic(ctx context.Context, dsn string) (map[int]string, error) {
-	out := map[int]string{}
-	for v, schema := range OrganicSchemas() {
-		if err := migrateTo(ctx, dsn, schema, int64(v)); err != nil {
-			return nil, err
-		}
-		out[v] = schema
-	}
-	return out, nil
-}
-
-func migrateTo(ctx context.Context, dsn, schema string, version int64) error {
-	if err := migrate.To(ctx, dsn, schema, version); err != nil {
-		return fmt.Errorf("organic: %w", err)
-	}
-	return nil
-}
-
-// checkSchemas returns the versions of schemas (version -> schema name) in
-// ascending order, after checking that each schema is at its version;
-// scenario names the caller in errors, prepare the function that migrates
-// them.
-func checkSchemas(ctx context.Context, dsn string, schemas map[int]string, scenario, prepare string) ([]int, error) {
-	if len(schemas) == 0 {
-		return nil, fmt.Errorf("%s: no schema to run against", scenario)
-	}
-	versions := make([]int, 0, len(schemas))
-	for v := range schemas {
-		versions = append(versions, v)
-	}
-	sort.Ints(versions)
-	for _, v := range versions {
-		got, err := schemaVersion(ctx, dsn, schemas[v])
-		if err != nil {
-			return nil, fmt.Errorf("%s: schema %s: %w", scenario, schemas[v], err)
-		}
-		if got != int64(v) {
-			return nil, fmt.Errorf("%s: schema %s is at version %d, not %d (%s migrates it)", scenario, schemas[v], got, v, prepare)
-		}
-	}
-	return versions, nil
-}
-
-func schemaVersion(ctx context.Context, dsn, schema string) (int64, error) {
-	r, err := migrate.Open(ctx, dsn, migrate.Options{Schema: schema})
-	if err != nil {
-		return 0, err
-	}
-	defer r.Close()
-	return r.Version(ctx)
+	return prepare(ctx, dsn, "organic", OrganicSchemas())
 }
 
 // OrganicSettings echoes the scenario's settings in readable units.
@@ -197,67 +140,21 @@ func Settings(cfg dispatch.Config) OrganicSettings {
 	}
 }
 
-// OrganicRun is the scenario at one schema version.
-type OrganicRun struct {
-	Version int              `json:"version"`
-	Schema  string           `json:"schema"`
-	Summary dispatch.Summary `json:"summary"`
-	// Conservation is "ok" when every message was consumed exactly once or
-	// is still queued, else what went wrong.
-	Conservation string `json:"conservation"`
-	// Histogram of the remaining lease at return.
-	Histogram Histogram `json:"remaining_lease_histogram"`
-	// Events is every provider call of the run (not serialised: tens of
-	// thousands of rows).
-	Events []dispatch.Event `json:"-"`
-}
+// OrganicRun is the organic scenario at one schema version.
+type OrganicRun = Run[dispatch.Summary, dispatch.Event]
 
-// Check is one verdict criterion.
-type Check struct {
-	Version int    `json:"version"`
-	Name    string `json:"name"`
-	Want    string `json:"want"`
-	Got     string `json:"got"`
-	Pass    bool   `json:"pass"`
-	// Advisory checks are reported but do not decide Reproduced or Fixed.
-	Advisory bool `json:"advisory,omitempty"`
-}
-
-// OrganicVerdict says whether the runs show the bug at 19 and its absence
-// at 20.
+// OrganicVerdict says whether the runs show the bug below the fix and its
+// absence at the fix, and whether every run conserved its messages.
 type OrganicVerdict struct {
-	// Reproduced: every criterion of the bug version passed.
-	Reproduced bool `json:"reproduced"`
-	// Fixed: every criterion of the fix version passed.
-	Fixed bool `json:"fixed"`
-	// OK: both (and both versions were run).
-	OK bool `json:"ok"`
+	Verdict
 	// Conserved: no message was lost or processed twice in any run
 	// (advisory: see Judge).
-	Conserved bool    `json:"conserved"`
-	Checks    []Check `json:"checks"`
+	Conserved bool `json:"conserved"`
 }
 
 // OrganicResult is what RunOrganic returns; it serialises to stable
 // snake_case JSON.
-type OrganicResult struct {
-	Settings OrganicSettings `json:"settings"`
-	// Calibration is how the lock timeout was chosen when the config left
-	// it 0 (nil when it was given).
-	Calibration *Calibration   `json:"calibration,omitempty"`
-	Runs        []OrganicRun   `json:"runs"`
-	Verdict     OrganicVerdict `json:"verdict"`
-}
-
-// Run returns the run of version, or nil.
-func (r *OrganicResult) Run(version int) *OrganicRun {
-	for i := range r.Runs {
-		if r.Runs[i].Version == version {
-			return &r.Runs[i]
-		}
-	}
-	return nil
-}
+type OrganicResult = Result[OrganicSettings, Calibration, dispatch.Summary, dispatch.Event, OrganicVerdict]
 
 // RunOrganic runs the organic scenario cfg (Schema is ignored) against
 // each schema of schemas (version -> schema name, all in the database of
@@ -269,9 +166,7 @@ func (r *OrganicResult) Run(version int) *OrganicRun {
 // Other zero fields take dispatch's defaults. progress, when not nil,
 // receives one line per step.
 func RunOrganic(ctx context.Context, dsn string, schemas map[int]string, cfg dispatch.Config, progress func(string)) (OrganicResult, error) {
-	if progress == nil {
-		progress = func(string) {}
-	}
+	progress = quiet(progress)
 	versions, err := checkSchemas(ctx, dsn, schemas, "organic", "PrepareOrganic")
 	if err != nil {
 		return OrganicResult{}, err
@@ -289,15 +184,13 @@ func RunOrganic(ctx context.Context, dsn string, schemas map[int]string, cfg dis
 	}
 	cfg = cfg.WithDefaults()
 	res := OrganicResult{Settings: Settings(cfg), Calibration: cal}
-	for _, v := range versions {
-		schema := schemas[v]
-		run, err := runOrganicVersion(ctx, dsn, v, schema, cfg, progress)
-		if err != nil {
-			return res, err
-		}
-		res.Runs = append(res.Runs, run)
+	res.Runs, err = runEach(versions, schemas, func(v int, schema string) (OrganicRun, error) {
+		return runOrganicVersion(ctx, dsn, v, schema, cfg, progress)
+	})
+	if err != nil {
+		return res, err
 	}
-	shareHistogramAxis(res.Runs, cfg.LockTimeout.Milliseconds())
+	shareHistogramAxis(res.Runs, cfg.LockTimeout.Milliseconds(), dispatch.Remaining)
 	res.Verdict = Judge(res.Runs)
 	return res, nil
 }
@@ -323,10 +216,7 @@ func runOrganicVersion(ctx context.Context, dsn string, version int, schema stri
 	if err != nil {
 		return run, fmt.Errorf("organic v%d: read the queue: %w", version, err)
 	}
-	run.Conservation = "ok"
-	if err := dispatch.Conservation(seed.Messages, run.Events, pending); err != nil {
-		run.Conservation = err.Error()
-	}
+	run.Conservation = conservation(dispatch.Conservation(seed.Messages, run.Events, pending))
 	run.Histogram = RemainingHistogram(run.Events, cfg.LockTimeout.Milliseconds())
 	s := run.Summary
 	progress(fmt.Sprintf("v%d: %d fetches, %d (%.1f%%) dead at return, %d more expired in delivery, %d invalid-lock acks, max attempt_count %d, %.1f turns/s",
@@ -357,53 +247,37 @@ func runOrganicVersion(ctx context.Context, dsn string, version int, schema stri
 // processes the same messages again. Seen about once in twenty organic
 // runs, near the lease's end.
 func Judge(runs []OrganicRun) OrganicVerdict {
-	_, fixVersion := Versions()
-	v := OrganicVerdict{Conserved: true}
-	sawBug, sawFix := false, false
-	bugOK, fixOK := true, true
-	add := func(version int, name, want, got string, pass, advisory bool) {
-		v.Checks = append(v.Checks, Check{Version: version, Name: name, Want: want, Got: got, Pass: pass, Advisory: advisory})
-		switch {
-		case advisory:
-		case version < fixVersion:
-			bugOK = bugOK && pass
-		default:
-			fixOK = fixOK && pass
-		}
-	}
+	_, fix := Versions()
+	j := newJudgement(fix)
+	conserved := true
 	for _, r := range runs {
 		s := r.Summary
-		if r.Version < fixVersion {
-			sawBug = true
-			add(r.Version, "leases returned", fmt.Sprintf(">= %d", MinBugLeases), fmt.Sprint(s.Fetches), s.Fetches >= MinBugLeases, false)
-			add(r.Version, "leases dead at return", fmt.Sprintf(">= %.0f%%", ReproDeadPct),
+		if j.buggy(r.Version) {
+			j.add(r.Version, "leases returned", fmt.Sprintf(">= %d", MinBugLeases), fmt.Sprint(s.Fetches), s.Fetches >= MinBugLeases, false)
+			j.add(r.Version, "leases dead at return", fmt.Sprintf(">= %.0f%%", ReproDeadPct),
 				fmt.Sprintf("%.1f%% (%d of %d)", s.DeadAtReturnPct, s.DeadAtReturn, s.Fetches),
 				s.Fetches > 0 && s.DeadAtReturnPct >= ReproDeadPct, false)
-			add(r.Version, "acks refused with 'Invalid lock token'", ">= 1",
+			j.add(r.Version, "acks refused with 'Invalid lock token'", ">= 1",
 				fmt.Sprint(s.InvalidLockAcks), s.InvalidLockAcks >= 1, false)
-			add(r.Version, "max attempt_count", fmt.Sprintf("> max_attempts (%d)", s.MaxAttempts),
+			j.add(r.Version, "max attempt_count", fmt.Sprintf("> max_attempts (%d)", s.MaxAttempts),
 				fmt.Sprint(s.MaxAttemptCount), s.ExceededMaxAttempts, false)
 		} else {
-			sawFix = true
-			add(r.Version, "leases returned", fmt.Sprintf(">= %d", MinFixLeases), fmt.Sprint(s.Fetches), s.Fetches >= MinFixLeases, false)
-			add(r.Version, "leases dead at return", "0",
+			j.add(r.Version, "leases returned", fmt.Sprintf(">= %d", MinFixLeases), fmt.Sprint(s.Fetches), s.Fetches >= MinFixLeases, false)
+			j.add(r.Version, "leases dead at return", "0",
 				fmt.Sprintf("%d of %d", s.DeadAtReturn, s.Fetches), s.DeadAtReturn == 0, false)
-			add(r.Version, "leases expired in a delivery shorter than the lock timeout", "0",
+			j.add(r.Version, "leases expired in a delivery shorter than the lock timeout", "0",
 				fmt.Sprintf("%d (of %d expired in delivery; longest delivery %d ms)", s.ExpiredInShortDelivery, s.ExpiredInDelivery, s.DeliveryMaxMs),
 				s.ExpiredInShortDelivery == 0, false)
-			add(r.Version, "refused acks of leases alive on arrival", fmt.Sprintf("<= %.0f%% of fetches", CleanInvalidAckPct),
+			j.add(r.Version, "refused acks of leases alive on arrival", fmt.Sprintf("<= %.0f%% of fetches", CleanInvalidAckPct),
 				fmt.Sprintf("%d (%.2f%%)", s.LiveLeaseInvalidAcks, s.LiveLeaseInvalidAckPct), s.LiveLeaseInvalidAckPct <= CleanInvalidAckPct, false)
-			add(r.Version, "max attempt_count", fmt.Sprintf("<= max_attempts (%d)", s.MaxAttempts),
+			j.add(r.Version, "max attempt_count", fmt.Sprintf("<= max_attempts (%d)", s.MaxAttempts),
 				fmt.Sprint(s.MaxAttemptCount), !s.ExceededMaxAttempts, false)
 		}
-		conserved := r.Conservation == "ok"
-		v.Conserved = v.Conserved && conserved
-		add(r.Version, "messages conserved (advisory)", "ok", r.Conservation, conserved, true)
+		ok := r.Conservation == "ok"
+		conserved = conserved && ok
+		j.add(r.Version, "messages conserved (advisory)", "ok", r.Conservation, ok, true)
 	}
-	v.Reproduced = sawBug && bugOK
-	v.Fixed = sawFix && fixOK
-	v.OK = v.Reproduced && v.Fixed
-	return v
+	return OrganicVerdict{Verdict: j.verdict(), Conserved: conserved}
 }
 
 // LockTimeoutFactor is how many uncontended fetch times the calibrated lock

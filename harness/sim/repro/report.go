@@ -10,7 +10,6 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
-	"text/tabwriter"
 
 	"github.com/duroxide-pg/migrations/harness/sim/dispatch"
 )
@@ -113,111 +112,66 @@ func RemainingHistogram(events []dispatch.Event, timeoutMs int64) Histogram {
 	return buildHistogram(values, lost, lo, hi, w)
 }
 
-// shareHistogramAxis recomputes the runs' histograms (from their events)
-// on one common axis, so they compare at a glance. Runs without events keep
-// theirs.
-func shareHistogramAxis(runs []OrganicRun, timeoutMs int64) {
-	var all []int64
-	for _, r := range runs {
-		v, _ := dispatch.Remaining(r.Events)
-		all = append(all, v...)
-	}
-	lo, hi, w := histRange(all, timeoutMs)
-	for i := range runs {
-		if runs[i].Events == nil {
-			continue
-		}
-		v, lost := dispatch.Remaining(runs[i].Events)
-		runs[i].Histogram = buildHistogram(v, lost, lo, hi, w)
-	}
-}
-
-// tableRows are the side-by-side rows: label, then one cell per run.
-func tableRows(res OrganicResult) (header []string, rows [][]string) {
-	header = []string{""}
-	for _, r := range res.Runs {
-		header = append(header, fmt.Sprintf("v%d (%s)", r.Version, r.Schema))
-	}
-	row := func(label string, cell func(s dispatch.Summary) string) {
-		cells := []string{label}
-		for _, r := range res.Runs {
-			cells = append(cells, cell(r.Summary))
-		}
-		rows = append(rows, cells)
-	}
+// organicRows are the rows of the organic scenario's side-by-side table.
+func organicRows() []rowDef[dispatch.Summary] {
 	yes := func(b bool) string {
 		if b {
 			return "yes"
 		}
 		return "no"
 	}
-	row("fetches returning a lease", func(s dispatch.Summary) string {
-		return fmt.Sprintf("%d (of %d calls)", s.Fetches, s.FetchCalls)
-	})
-	row("dead at return (database clock)", func(s dispatch.Summary) string {
-		return fmt.Sprintf("%d (%.1f%%)", s.DeadAtReturn, s.DeadAtReturnPct)
-	})
-	row("expired in delivery (longest)", func(s dispatch.Summary) string {
-		if s.ExpiredInDelivery == 0 {
-			return "0"
-		}
-		return fmt.Sprintf("%d (%d ms)", s.ExpiredInDelivery, s.DeliveryMaxMs)
-	})
-	row("invalid-lock acks", func(s dispatch.Summary) string {
-		return fmt.Sprintf("%d (%.1f%% of fetches)", s.InvalidLockAcks, s.InvalidLockAckPct)
-	})
-	row("max attempt_count (> max_attempts?)", func(s dispatch.Summary) string {
-		return fmt.Sprintf("%d (> %d: %s)", s.MaxAttemptCount, s.MaxAttempts, yes(s.ExceededMaxAttempts))
-	})
-	row("remaining lease p1 / p50 / p99", func(s dispatch.Summary) string {
+	triple := func(s dispatch.Summary, p1, p50, p99 int64) string {
 		if s.RemainingSamples == 0 {
 			return "-"
 		}
-		return fmt.Sprintf("%d / %d / %d ms", s.RemainingP1Ms, s.RemainingP50Ms, s.RemainingP99Ms)
-	})
-	row("lease age at return p50 / p99 / max", func(s dispatch.Summary) string {
-		if s.RemainingSamples == 0 {
-			return "-"
-		}
-		return fmt.Sprintf("%d / %d / %d ms", s.LeaseAgeP50Ms, s.LeaseAgeP99Ms, s.LeaseAgeMaxMs)
-	})
-	row("completed turns/s", func(s dispatch.Summary) string {
-		return fmt.Sprintf("%.1f (%d in %.1f s)", s.TurnsPerSec, s.CompletedTurns, s.ElapsedS)
-	})
-	row("fetch latency p50 / p99", func(s dispatch.Summary) string {
-		return fmt.Sprintf("%.1f / %.1f ms", s.FetchLatencyP50Ms, s.FetchLatencyP99Ms)
-	})
-	row("fetch errors (deadlocks)", func(s dispatch.Summary) string {
-		return fmt.Sprintf("%d (%d)", s.FetchErrors, s.Deadlocks)
-	})
-	row("poison acks (ok)", func(s dispatch.Summary) string {
-		return fmt.Sprintf("%d (%d)", s.PoisonAcks, s.PoisonAcksOK)
-	})
-	return header, rows
+		return fmt.Sprintf("%d / %d / %d ms", p1, p50, p99)
+	}
+	return []rowDef[dispatch.Summary]{
+		{"fetches returning a lease", func(s dispatch.Summary) string {
+			return fmt.Sprintf("%d (of %d calls)", s.Fetches, s.FetchCalls)
+		}},
+		{"dead at return (database clock)", func(s dispatch.Summary) string {
+			return fmt.Sprintf("%d (%.1f%%)", s.DeadAtReturn, s.DeadAtReturnPct)
+		}},
+		{"expired in delivery (longest)", func(s dispatch.Summary) string { return countAndMs(s.ExpiredInDelivery, s.DeliveryMaxMs) }},
+		{"invalid-lock acks", func(s dispatch.Summary) string {
+			return fmt.Sprintf("%d (%.1f%% of fetches)", s.InvalidLockAcks, s.InvalidLockAckPct)
+		}},
+		{"max attempt_count (> max_attempts?)", func(s dispatch.Summary) string {
+			return fmt.Sprintf("%d (> %d: %s)", s.MaxAttemptCount, s.MaxAttempts, yes(s.ExceededMaxAttempts))
+		}},
+		{"remaining lease p1 / p50 / p99", func(s dispatch.Summary) string {
+			return triple(s, s.RemainingP1Ms, s.RemainingP50Ms, s.RemainingP99Ms)
+		}},
+		{"lease age at return p50 / p99 / max", func(s dispatch.Summary) string {
+			return triple(s, s.LeaseAgeP50Ms, s.LeaseAgeP99Ms, s.LeaseAgeMaxMs)
+		}},
+		{"completed turns/s", func(s dispatch.Summary) string {
+			return fmt.Sprintf("%.1f (%d in %.1f s)", s.TurnsPerSec, s.CompletedTurns, s.ElapsedS)
+		}},
+		{"fetch latency p50 / p99", func(s dispatch.Summary) string {
+			return fmt.Sprintf("%.1f / %.1f ms", s.FetchLatencyP50Ms, s.FetchLatencyP99Ms)
+		}},
+		{"fetch errors (deadlocks)", func(s dispatch.Summary) string {
+			return fmt.Sprintf("%d (%d)", s.FetchErrors, s.Deadlocks)
+		}},
+		{"poison acks (ok)", func(s dispatch.Summary) string {
+			return fmt.Sprintf("%d (%d)", s.PoisonAcks, s.PoisonAcksOK)
+		}},
+	}
 }
 
 // PrintTable writes the side-by-side table of res to w.
 func PrintTable(w io.Writer, res OrganicResult) error {
-	header, rows := tableRows(res)
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, strings.Join(header, "\t"))
-	for _, r := range rows {
-		fmt.Fprintln(tw, strings.Join(r, "\t"))
-	}
-	verdict := "FAIL"
-	if res.Verdict.OK {
-		verdict = "ok"
-	}
-	bug, fix := Versions()
-	fmt.Fprintf(tw, "verdict\treproduced at %d: %v\tclean at %d: %v\t(%s)\n",
-		bug, res.Verdict.Reproduced, fix, res.Verdict.Fixed, verdict)
+	header, rows := sideBySide(res.Runs, organicRows())
 	lock := fmt.Sprintf("lock timeout %d ms", res.Settings.LockTimeoutMs)
 	if c := res.Calibration; c != nil {
 		lock += fmt.Sprintf(" (%g x an uncontended fetch, %.1f ms)", LockTimeoutFactor, c.FetchMs)
 	}
-	fmt.Fprintf(tw, "settings\t%d dispatchers, %d instance(s) x %d events, %s, %.0f s per version\n",
-		res.Settings.Dispatchers, res.Settings.Instances, res.Settings.HistoryEvents, lock, res.Settings.DurationS)
-	return tw.Flush()
+	bug, fix := Versions()
+	return printSideBySide(w, header, rows, res.Verdict.Verdict, bug, fix,
+		fmt.Sprintf("%d dispatchers, %d instance(s) x %d events, %s, %.0f s per version",
+			res.Settings.Dispatchers, res.Settings.Instances, res.Settings.HistoryEvents, lock, res.Settings.DurationS))
 }
 
 // OrganicMarkdown renders res as a Markdown section; histogramFile, when
@@ -225,7 +179,8 @@ func PrintTable(w io.Writer, res OrganicResult) error {
 func OrganicMarkdown(res OrganicResult, histogramFile string) string {
 	var b strings.Builder
 	s := res.Settings
-	fmt.Fprintf(&b, "## Organic scenario: the runtime's dispatch loop at versions %s\n\n", versionList(res))
+	bug, fix := Versions()
+	fmt.Fprintf(&b, "## Organic scenario: the runtime's dispatch loop at versions %s\n\n", versionList(res.Runs))
 	fmt.Fprintf(&b, "%d simulated orchestration dispatchers (one connection each, the runtime's loop: "+
 		"p_now_ms minted just before each fetch, version filter 0..1029, %d ms minimum poll interval, "+
 		"renewal every ceil(timeout/2) s, poison ack past max_attempts %d, failure ack after a refused ack) "+
@@ -236,19 +191,15 @@ func OrganicMarkdown(res OrganicResult, histogramFile string) string {
 	if c := res.Calibration; c != nil {
 		fmt.Fprintf(&b, "The lock timeout was calibrated on this machine: one uncontended fetch of a hot instance "+
 			"took %.1f ms (median of %d, schema %s), and the timeout is %g times that, rounded up: %d ms. "+
-			"At 19 a lease dies when the caller waited longer than that in the call; at 20 only if delivering the row "+
-			"took longer.\n\n", c.FetchMs, c.Samples, c.Schema, LockTimeoutFactor, c.LockTimeoutMs)
+			"At %d a lease dies when the caller waited longer than that in the call; at %d only if delivering the row "+
+			"took longer.\n\n", c.FetchMs, c.Samples, c.Schema, LockTimeoutFactor, c.LockTimeoutMs, bug, fix)
 	}
-	header, rows := tableRows(res)
-	b.WriteString("| " + strings.Join(header, " | ") + " |\n")
-	b.WriteString("|" + strings.Repeat("---|", len(header)) + "\n")
-	for _, r := range rows {
-		b.WriteString("| " + strings.Join(r, " | ") + " |\n")
-	}
-	b.WriteString("\n\"Lease age at return\": how long before the row reached the caller its lease started " +
-		"(caller clock at return minus locked_until plus the timeout). At 19 the lease starts at p_now_ms, before the " +
-		"call, so its age is the whole call including every wait; at 20 it starts when the function is done, so its " +
-		"age is the time to deliver the row (serialise, send, parse the history) plus any scheduling stall.\n")
+	header, rows := sideBySide(res.Runs, organicRows())
+	writeMarkdownTable(&b, header, rows)
+	fmt.Fprintf(&b, "\n\"Lease age at return\": how long before the row reached the caller its lease started "+
+		"(caller clock at return minus locked_until plus the timeout). At %d the lease starts at p_now_ms, before the "+
+		"call, so its age is the whole call including every wait; at %d it starts when the function is done, so its "+
+		"age is the time to deliver the row (serialise, send, parse the history) plus any scheduling stall.\n", bug, fix)
 	b.WriteString("\n\"Dead on arrival\": the lease's locked_until was already at or before the caller's clock " +
 		"when the row reached the caller (or the lease had already been taken over before it could be read), " +
 		"so every ack of that turn is refused with 'Invalid lock token' and the message comes back with a higher " +
@@ -260,20 +211,7 @@ func OrganicMarkdown(res OrganicResult, histogramFile string) string {
 	if histogramFile != "" {
 		fmt.Fprintf(&b, "![Remaining lease at return, per version](%s)\n\n", histogramFile)
 	}
-	b.WriteString("### Verdict\n\n| version | criterion | want | got | pass |\n|---|---|---|---|---|\n")
-	for _, c := range res.Verdict.Checks {
-		pass := "yes"
-		switch {
-		case !c.Pass && c.Advisory:
-			pass = "no (advisory)"
-		case !c.Pass:
-			pass = "**NO**"
-		}
-		fmt.Fprintf(&b, "| %d | %s | %s | %s | %s |\n", c.Version, c.Name, c.Want, mdCell(c.Got), pass)
-	}
-	bug, fix := Versions()
-	fmt.Fprintf(&b, "\nReproduced at %d: **%v**. Clean at %d: **%v**.\n", bug, res.Verdict.Reproduced,
-		fix, res.Verdict.Fixed)
+	writeVerdictMarkdown(&b, res.Verdict.Verdict, bug, fix)
 	if !res.Verdict.Conserved {
 		b.WriteString("\nA message was processed twice (or lost): ack_orchestration_item validates the lease against the " +
 			"caller's p_now_ms with a plain read and locks nothing, so a fetch can take the instance over while an ack " +
@@ -281,22 +219,6 @@ func OrganicMarkdown(res OrganicResult, histogramFile string) string {
 			"processes it again. This is not part of the fetch fix's verdict.\n")
 	}
 	return b.String()
-}
-
-func mdCell(s string) string {
-	s = strings.ReplaceAll(s, "|", "\\|")
-	if len(s) > 200 {
-		s = s[:200] + "…"
-	}
-	return s
-}
-
-func versionList(res OrganicResult) string {
-	var vs []string
-	for _, r := range res.Runs {
-		vs = append(vs, fmt.Sprint(r.Version))
-	}
-	return strings.Join(vs, " and ")
 }
 
 // WriteReport writes dir/report.md (the organic section under a title) and
@@ -312,7 +234,8 @@ func WriteReport(dir string, res OrganicResult) error {
 	if err := os.WriteFile(filepath.Join(dir, HistogramFile), svg.Bytes(), 0o644); err != nil {
 		return err
 	}
-	md := "# duroxide-pg fetch_orchestration_item: lease dead on arrival at 19, valid at 20\n\n" +
+	bug, fix := Versions()
+	md := fmt.Sprintf("# duroxide-pg fetch_orchestration_item: lease dead on arrival at %d, valid at %d\n\n", bug, fix) +
 		OrganicMarkdown(res, HistogramFile)
 	return os.WriteFile(filepath.Join(dir, ReportFile), []byte(md), 0o644)
 }

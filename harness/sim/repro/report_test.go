@@ -69,7 +69,7 @@ func sampleResult() OrganicResult {
 			Summary: dispatch.Summary{Fetches: 60, FetchCalls: 70, CompletedTurns: 60, TurnsPerSec: 7.5, MaxAttemptCount: 1,
 				MaxAttempts: 10, RemainingSamples: 60, RemainingP1Ms: 20, RemainingP50Ms: 27, RemainingP99Ms: 28, ElapsedS: 8}},
 	}
-	shareHistogramAxis(runs, 30)
+	shareHistogramAxis(runs, 30, dispatch.Remaining)
 	cfg := OrganicDefaults()
 	cfg.LockTimeout = 30 * time.Millisecond
 	res := OrganicResult{Settings: Settings(cfg), Runs: runs}

@@ -6,7 +6,6 @@ import (
 	"io"
 	"sort"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"github.com/duroxide-pg/migrations/harness/sim/worker"
@@ -104,22 +103,17 @@ func WorkerTimes(cfg worker.Config) worker.Config {
 	return cfg
 }
 
-// WorkerSchemas are the schemas PrepareWorker migrates, by version.
+// WorkerSchemas are the schemas PrepareWorker migrates, by version:
+// worker_vN for each of WorkerVersions.
 func WorkerSchemas() map[int]string {
 	bug, fix := WorkerVersions()
-	return map[int]string{bug: fmt.Sprintf("worker_v%d", bug), fix: fmt.Sprintf("worker_v%d", fix)}
+	return schemasOf("worker", bug, fix)
 }
 
-// PrepareWorker migrates WorkerSchemas in the database of dsn.
+// PrepareWorker migrates WorkerSchemas in the database of dsn, each to its
+// version. It returns the map RunWorker takes.
 func PrepareWorker(ctx context.Context, dsn string) (map[int]string, error) {
-	out := map[int]string{}
-	for v, schema := range WorkerSchemas() {
-		if err := migrateTo(ctx, dsn, schema, int64(v)); err != nil {
-			return nil, err
-		}
-		out[v] = schema
-	}
-	return out, nil
+	return prepare(ctx, dsn, "worker", WorkerSchemas())
 }
 
 // WorkerSettings echoes the scenario's settings in readable units.
@@ -174,47 +168,17 @@ func CalibrateWorker(ctx context.Context, dsn, schema string) (WorkerCalibration
 		LockTimeoutMs: t.Milliseconds()}, nil
 }
 
-// WorkerRun is the worker scenario at one schema version.
-type WorkerRun struct {
-	Version int            `json:"version"`
-	Schema  string         `json:"schema"`
-	Summary worker.Summary `json:"summary"`
-	// Conservation is "ok" when every item was completed exactly once or
-	// is still queued, else what went wrong.
-	Conservation string `json:"conservation"`
-	// Histogram of the remaining lease at return (database clock).
-	Histogram Histogram `json:"remaining_lease_histogram"`
-	// Events is every provider call of the run (not serialised).
-	Events []worker.Event `json:"-"`
-}
+// WorkerRun is the worker scenario at one schema version; its
+// Histogram is of the remaining lease at return by the database clock.
+type WorkerRun = Run[worker.Summary, worker.Event]
 
 // WorkerVerdict says whether the runs show the bug before the fix and its
 // absence after.
-type WorkerVerdict struct {
-	Reproduced bool    `json:"reproduced"`
-	Fixed      bool    `json:"fixed"`
-	OK         bool    `json:"ok"`
-	Checks     []Check `json:"checks"`
-}
+type WorkerVerdict = Verdict
 
 // WorkerResult is what RunWorker returns; it serialises to stable
 // snake_case JSON.
-type WorkerResult struct {
-	Settings    WorkerSettings     `json:"settings"`
-	Calibration *WorkerCalibration `json:"calibration,omitempty"`
-	Runs        []WorkerRun        `json:"runs"`
-	Verdict     WorkerVerdict      `json:"verdict"`
-}
-
-// Run returns the run of version, or nil.
-func (r *WorkerResult) Run(version int) *WorkerRun {
-	for i := range r.Runs {
-		if r.Runs[i].Version == version {
-			return &r.Runs[i]
-		}
-	}
-	return nil
-}
+type WorkerResult = Result[WorkerSettings, WorkerCalibration, worker.Summary, worker.Event, WorkerVerdict]
 
 // RunWorker runs the worker scenario cfg (Schema is ignored) against each
 // schema of schemas (version -> schema, migrated: PrepareWorker), in
@@ -223,9 +187,7 @@ func (r *WorkerResult) Run(version int) *WorkerRun {
 // skews then scale with the timeout (WorkerTimes). progress, when not nil,
 // receives one line per step.
 func RunWorker(ctx context.Context, dsn string, schemas map[int]string, cfg worker.Config, progress func(string)) (WorkerResult, error) {
-	if progress == nil {
-		progress = func(string) {}
-	}
+	progress = quiet(progress)
 	versions, err := checkSchemas(ctx, dsn, schemas, "worker", "PrepareWorker")
 	if err != nil {
 		return WorkerResult{}, err
@@ -243,23 +205,13 @@ func RunWorker(ctx context.Context, dsn string, schemas map[int]string, cfg work
 	}
 	cfg = WorkerTimes(cfg.WithDefaults())
 	res.Settings = workerSettings(cfg)
-	for _, v := range versions {
-		run, err := runWorkerVersion(ctx, dsn, v, schemas[v], cfg, progress)
-		if err != nil {
-			return res, err
-		}
-		res.Runs = append(res.Runs, run)
+	res.Runs, err = runEach(versions, schemas, func(v int, schema string) (WorkerRun, error) {
+		return runWorkerVersion(ctx, dsn, v, schema, cfg, progress)
+	})
+	if err != nil {
+		return res, err
 	}
-	var all []int64
-	for _, r := range res.Runs {
-		v, _ := worker.Remaining(r.Events)
-		all = append(all, v...)
-	}
-	lo, hi, w := histRange(all, cfg.LockTimeout.Milliseconds())
-	for i := range res.Runs {
-		v, lost := worker.Remaining(res.Runs[i].Events)
-		res.Runs[i].Histogram = buildHistogram(v, lost, lo, hi, w)
-	}
+	shareHistogramAxis(res.Runs, cfg.LockTimeout.Milliseconds(), worker.Remaining)
 	res.Verdict = JudgeWorker(res.Runs)
 	return res, nil
 }
@@ -283,10 +235,7 @@ func runWorkerVersion(ctx context.Context, dsn string, version int, schema strin
 	if err != nil {
 		return run, fmt.Errorf("worker v%d: %w", version, err)
 	}
-	run.Conservation = "ok"
-	if err := worker.Conservation(seed.Items, run.Events, pending); err != nil {
-		run.Conservation = err.Error()
-	}
+	run.Conservation = conservation(worker.Conservation(seed.Items, run.Events, pending))
 	s := run.Summary
 	progress(fmt.Sprintf("worker v%d: %d leases, %d dead at return, %d refused acks, %d blocked fetches (max %d ms), %d delivered twice, %d completed",
 		version, s.Fetches, s.DeadAtReturn, s.RefusedAcks, s.BlockedFetches, s.MaxBlockedMs, s.DeliveredTwice, s.Completed))
@@ -301,116 +250,76 @@ func runWorkerVersion(ctx context.Context, dsn string, version int, schema strin
 // completed exactly once or still queued. Conservation is advisory below
 // the fix.
 func JudgeWorker(runs []WorkerRun) WorkerVerdict {
-	_, fixVersion := WorkerVersions()
-	v := WorkerVerdict{}
-	sawBug, sawFix, bugOK, fixOK := false, false, true, true
-	add := func(version int, name, want, got string, pass, advisory bool) {
-		v.Checks = append(v.Checks, Check{Version: version, Name: name, Want: want, Got: got, Pass: pass, Advisory: advisory})
-		switch {
-		case advisory:
-		case version < fixVersion:
-			bugOK = bugOK && pass
-		default:
-			fixOK = fixOK && pass
-		}
-	}
+	_, fix := WorkerVersions()
+	j := newJudgement(fix)
 	for _, r := range runs {
 		s := r.Summary
-		if r.Version < fixVersion {
-			sawBug = true
-			add(r.Version, "leases returned", fmt.Sprintf(">= %d", MinWorkerBugLeases), fmt.Sprint(s.Fetches), s.Fetches >= MinWorkerBugLeases, false)
-			add(r.Version, "refused ack_worker calls or blocked session fetches", ">= 1",
+		if j.buggy(r.Version) {
+			j.add(r.Version, "leases returned", fmt.Sprintf(">= %d", MinWorkerBugLeases), fmt.Sprint(s.Fetches), s.Fetches >= MinWorkerBugLeases, false)
+			j.add(r.Version, "refused ack_worker calls or blocked session fetches", ">= 1",
 				fmt.Sprintf("%d refused, %d blocked", s.RefusedAcks, s.BlockedFetches), s.RefusedAcks+s.BlockedFetches >= 1, false)
-			add(r.Version, "leases dead at return (advisory)", ">= 1", fmt.Sprintf("%d of %d", s.DeadAtReturn, s.Fetches), s.DeadAtReturn >= 1, true)
-			add(r.Version, "items conserved (advisory)", "ok", r.Conservation, r.Conservation == "ok", true)
+			j.add(r.Version, "leases dead at return (advisory)", ">= 1", fmt.Sprintf("%d of %d", s.DeadAtReturn, s.Fetches), s.DeadAtReturn >= 1, true)
+			j.add(r.Version, "items conserved (advisory)", "ok", r.Conservation, r.Conservation == "ok", true)
 			continue
 		}
-		sawFix = true
-		add(r.Version, "leases returned", fmt.Sprintf(">= %d", MinWorkerFixLeases), fmt.Sprint(s.Fetches), s.Fetches >= MinWorkerFixLeases, false)
-		add(r.Version, "refused ack_worker calls", "0", fmt.Sprint(s.RefusedAcks), s.RefusedAcks == 0, false)
-		add(r.Version, "blocked session fetches", "0", fmt.Sprintf("%d (max %d ms)", s.BlockedFetches, s.MaxBlockedMs), s.BlockedFetches == 0, false)
-		add(r.Version, "leases dead at return", "0", fmt.Sprintf("%d of %d", s.DeadAtReturn, s.Fetches), s.DeadAtReturn == 0, false)
-		add(r.Version, "items delivered twice", "0", fmt.Sprint(s.DeliveredTwice), s.DeliveredTwice == 0, false)
-		add(r.Version, "items conserved", "ok", r.Conservation, r.Conservation == "ok", false)
+		j.add(r.Version, "leases returned", fmt.Sprintf(">= %d", MinWorkerFixLeases), fmt.Sprint(s.Fetches), s.Fetches >= MinWorkerFixLeases, false)
+		j.add(r.Version, "refused ack_worker calls", "0", fmt.Sprint(s.RefusedAcks), s.RefusedAcks == 0, false)
+		j.add(r.Version, "blocked session fetches", "0", fmt.Sprintf("%d (max %d ms)", s.BlockedFetches, s.MaxBlockedMs), s.BlockedFetches == 0, false)
+		j.add(r.Version, "leases dead at return", "0", fmt.Sprintf("%d of %d", s.DeadAtReturn, s.Fetches), s.DeadAtReturn == 0, false)
+		j.add(r.Version, "items delivered twice", "0", fmt.Sprint(s.DeliveredTwice), s.DeliveredTwice == 0, false)
+		j.add(r.Version, "items conserved", "ok", r.Conservation, r.Conservation == "ok", false)
 	}
-	v.Reproduced = sawBug && bugOK
-	v.Fixed = sawFix && fixOK
-	v.OK = v.Reproduced && v.Fixed
-	return v
+	return j.verdict()
 }
 
-// workerRows are the side-by-side rows: header, then label and one cell
-// per run.
-func workerRows(res WorkerResult) (header []string, rows [][]string) {
-	header = []string{""}
-	for _, r := range res.Runs {
-		header = append(header, fmt.Sprintf("v%d (%s)", r.Version, r.Schema))
+// workerRows are the rows of the worker scenario's side-by-side table.
+func workerRows() []rowDef[worker.Summary] {
+	return []rowDef[worker.Summary]{
+		{"fetches returning a lease", func(s worker.Summary) string {
+			return fmt.Sprintf("%d (of %d calls; %d of a session)", s.Fetches, s.FetchCalls, s.SessionFetches)
+		}},
+		{"dead at return (database clock)", func(s worker.Summary) string {
+			return fmt.Sprintf("%d (%.1f%%)", s.DeadAtReturn, s.DeadAtReturnPct)
+		}},
+		{"refused ack_worker calls", func(s worker.Summary) string { return fmt.Sprintf("%d (of %d)", s.RefusedAcks, s.Acks) }},
+		{"blocked session fetches (max)", func(s worker.Summary) string { return countAndMs(s.BlockedFetches, s.MaxBlockedMs) }},
+		{"items completed", func(s worker.Summary) string {
+			return fmt.Sprintf("%d (%.1f/s)", s.Completed, s.CompletedPerS)
+		}},
+		{"items delivered twice", func(s worker.Summary) string { return fmt.Sprint(s.DeliveredTwice) }},
+		{"remaining lease p1 / p50 / p99", func(s worker.Summary) string {
+			if s.RemainingSamples == 0 {
+				return "-"
+			}
+			return fmt.Sprintf("%d / %d / %d ms", s.RemainingP1Ms, s.RemainingP50Ms, s.RemainingP99Ms)
+		}},
+		{"item renewals (refused)", func(s worker.Summary) string { return fmt.Sprintf("%d (%d)", s.Renewals, s.RenewalsRefused) }},
+		{"fetch latency p50 / p99", func(s worker.Summary) string {
+			return fmt.Sprintf("%.1f / %.1f ms", s.FetchP50Ms, s.FetchP99Ms)
+		}},
+		{"errors", func(s worker.Summary) string {
+			if s.OtherErrors == 0 {
+				return "0"
+			}
+			return fmt.Sprintf("%d (%s)", s.OtherErrors, mdCell(s.FirstError))
+		}},
 	}
-	row := func(label string, cell func(s worker.Summary) string) {
-		cells := []string{label}
-		for _, r := range res.Runs {
-			cells = append(cells, cell(r.Summary))
-		}
-		rows = append(rows, cells)
-	}
-	row("fetches returning a lease", func(s worker.Summary) string {
-		return fmt.Sprintf("%d (of %d calls; %d of a session)", s.Fetches, s.FetchCalls, s.SessionFetches)
-	})
-	row("dead at return (database clock)", func(s worker.Summary) string {
-		return fmt.Sprintf("%d (%.1f%%)", s.DeadAtReturn, s.DeadAtReturnPct)
-	})
-	row("refused ack_worker calls", func(s worker.Summary) string { return fmt.Sprintf("%d (of %d)", s.RefusedAcks, s.Acks) })
-	row("blocked session fetches (max)", func(s worker.Summary) string {
-		if s.BlockedFetches == 0 {
-			return "0"
-		}
-		return fmt.Sprintf("%d (%d ms)", s.BlockedFetches, s.MaxBlockedMs)
-	})
-	row("items completed", func(s worker.Summary) string {
-		return fmt.Sprintf("%d (%.1f/s)", s.Completed, s.CompletedPerS)
-	})
-	row("items delivered twice", func(s worker.Summary) string { return fmt.Sprint(s.DeliveredTwice) })
-	row("remaining lease p1 / p50 / p99", func(s worker.Summary) string {
-		if s.RemainingSamples == 0 {
-			return "-"
-		}
-		return fmt.Sprintf("%d / %d / %d ms", s.RemainingP1Ms, s.RemainingP50Ms, s.RemainingP99Ms)
-	})
-	row("item renewals (refused)", func(s worker.Summary) string { return fmt.Sprintf("%d (%d)", s.Renewals, s.RenewalsRefused) })
-	row("fetch latency p50 / p99", func(s worker.Summary) string {
-		return fmt.Sprintf("%.1f / %.1f ms", s.FetchP50Ms, s.FetchP99Ms)
-	})
-	row("errors", func(s worker.Summary) string {
-		if s.OtherErrors == 0 {
-			return "0"
-		}
-		return fmt.Sprintf("%d (%s)", s.OtherErrors, mdCell(s.FirstError))
-	})
-	return header, rows
 }
 
-// PrintWorkerTable writes the side-by-side table of res to w.
+// PrintWorkerTable writes the side-by-side table of res to w, then the
+// criteria that failed.
 func PrintWorkerTable(w io.Writer, res WorkerResult) error {
-	header, rows := workerRows(res)
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, strings.Join(header, "\t"))
-	for _, r := range rows {
-		fmt.Fprintln(tw, strings.Join(r, "\t"))
-	}
-	verdict := "FAIL"
-	if res.Verdict.OK {
-		verdict = "ok"
-	}
-	bug, fix := WorkerVersions()
-	fmt.Fprintf(tw, "verdict\treproduced at %d: %v\tclean at %d: %v\t(%s)\n", bug, res.Verdict.Reproduced, fix, res.Verdict.Fixed, verdict)
+	header, rows := sideBySide(res.Runs, workerRows())
 	s := res.Settings
 	lock := fmt.Sprintf("lock timeout %d ms", s.LockTimeoutMs)
 	if c := res.Calibration; c != nil {
 		lock += fmt.Sprintf(" (uncontended cycle %.1f ms)", c.CycleMs)
 	}
-	fmt.Fprintf(tw, "settings\t%d runtimes x %d slots, %d items, %d sessions, %s, clocks -%d..+%d ms, %.0f s per version\n",
-		s.Runtimes, s.Slots, s.Items, s.Sessions, lock, s.SkewBehindMs, s.SkewAheadMs, s.DurationS)
-	if err := tw.Flush(); err != nil {
+	bug, fix := WorkerVersions()
+	err := printSideBySide(w, header, rows, res.Verdict, bug, fix,
+		fmt.Sprintf("%d runtimes x %d slots, %d items, %d sessions, %s, clocks -%d..+%d ms, %.0f s per version",
+			s.Runtimes, s.Slots, s.Items, s.Sessions, lock, s.SkewBehindMs, s.SkewAheadMs, s.DurationS))
+	if err != nil {
 		return err
 	}
 	for _, c := range res.Verdict.Checks {
@@ -426,11 +335,7 @@ func PrintWorkerTable(w io.Writer, res WorkerResult) error {
 func WorkerMarkdown(res WorkerResult) string {
 	var b strings.Builder
 	s := res.Settings
-	var vs []string
-	for _, r := range res.Runs {
-		vs = append(vs, fmt.Sprint(r.Version))
-	}
-	fmt.Fprintf(&b, "## Worker scenario: simulated activity workers at versions %s\n\n", strings.Join(vs, " and "))
+	fmt.Fprintf(&b, "## Worker scenario: simulated activity workers at versions %s\n\n", versionList(res.Runs))
 	fmt.Fprintf(&b, "%d runtimes of %d worker slots (one connection and session owner each; per runtime a renew_session_lock loop "+
 		"and cleanup_orphaned_sessions), a backlog of %d activities kept full, over %d sessions, tagged: %v; lock timeout %d ms, "+
 		"session lock timeout %d ms; activities up to %d ms, one in %d long (%d-%d ms, renewed with renew_work_item_lock); "+
@@ -442,29 +347,15 @@ func WorkerMarkdown(res WorkerResult) string {
 			"%d times that, in whole seconds, at least %v: %d ms.\n\n", c.CycleMs, c.Samples, c.Schema, WorkerLockTimeoutFactor,
 			WorkerMinLockTimeout, c.LockTimeoutMs)
 	}
-	header, rows := workerRows(res)
-	b.WriteString("| " + strings.Join(header, " | ") + " |\n|" + strings.Repeat("---|", len(header)) + "\n")
-	for _, r := range rows {
-		b.WriteString("| " + strings.Join(r, " | ") + " |\n")
-	}
+	header, rows := sideBySide(res.Runs, workerRows())
+	writeMarkdownTable(&b, header, rows)
 	b.WriteString("\n### Remaining lease when fetch_work_item returned (locked_until − database clock)\n\n")
 	for _, r := range res.Runs {
 		fmt.Fprintf(&b, "v%d (%s): %d leases, %d dead at return\n\n```\n%s```\n\n", r.Version, r.Schema, r.Summary.Fetches,
 			r.Summary.DeadAtReturn, TextHistogram(r.Histogram, 40))
 	}
-	b.WriteString("### Verdict\n\n| version | criterion | want | got | pass |\n|---|---|---|---|---|\n")
-	for _, c := range res.Verdict.Checks {
-		pass := "yes"
-		switch {
-		case !c.Pass && c.Advisory:
-			pass = "no (advisory)"
-		case !c.Pass:
-			pass = "**NO**"
-		}
-		fmt.Fprintf(&b, "| %d | %s | %s | %s | %s |\n", c.Version, c.Name, c.Want, mdCell(c.Got), pass)
-	}
 	bug, fix := WorkerVersions()
-	fmt.Fprintf(&b, "\nReproduced at %d: **%v**. Clean at %d: **%v**.\n", bug, res.Verdict.Reproduced, fix, res.Verdict.Fixed)
+	writeVerdictMarkdown(&b, res.Verdict, bug, fix)
 	return b.String()
 }
 

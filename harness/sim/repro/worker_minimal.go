@@ -4,22 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/duroxide-pg/migrations/harness/sim/worker"
-	migrations "github.com/duroxide-pg/migrations/sql"
 )
-
-// WorkerVersions are the schema versions the worker repros compare: the
-// version before the pack's fixes of the worker queue, and the last of them
-// (read from sql/).
-func WorkerVersions() (bug, fix int) {
-	b, f := migrations.WorkerFix()
-	return int(b), int(f)
-}
 
 // WorkerMinimalConfig is the worker minimal repro's input.
 type WorkerMinimalConfig struct {
@@ -47,18 +39,9 @@ func (c *WorkerMinimalConfig) defaults() {
 
 // WorkerMinimalResult is what one schema did in the two worker scenarios.
 type WorkerMinimalResult struct {
-	Schema        string `json:"schema"`
-	Version       int64  `json:"version"`
-	StaleMs       int64  `json:"stale_ms"`
-	LockTimeoutMs int64  `json:"lock_timeout_ms"`
-	// The stale fetch: Fetched is false when fetch_work_item returned no
-	// row; RemainingMs is locked_until minus the database clock when the
-	// function returned; AckOK whether ack_worker with a current p_now_ms
-	// succeeded, else AckError.
-	Fetched     bool   `json:"fetched"`
-	RemainingMs int64  `json:"remaining_ms"`
-	AckOK       bool   `json:"ack_ok"`
-	AckError    string `json:"ack_error,omitempty"`
+	// StaleFetch is the stale fetch: fetch_work_item with a stale p_now_ms,
+	// then ack_worker with a current one.
+	StaleFetch
 	// The blocked session fetch: another transaction holds the row of the
 	// fetcher's own session s1 (an uncommitted renew_session_lock) for
 	// HoldMs once the fetch is seen waiting on it. Blocked: seen waiting on
@@ -73,13 +56,11 @@ type WorkerMinimalResult struct {
 }
 
 // StaleBug: the lease was dead at return and the ack refused.
-func (r WorkerMinimalResult) StaleBug() bool { return r.Fetched && r.RemainingMs <= 0 && !r.AckOK }
+func (r WorkerMinimalResult) StaleBug() bool { return r.StaleFetch.Bug() }
 
 // StaleFixed: a whole lease at return (the timeout minus 100 ms at least)
 // and the ack succeeded.
-func (r WorkerMinimalResult) StaleFixed() bool {
-	return r.Fetched && r.RemainingMs >= r.LockTimeoutMs-100 && r.AckOK
-}
+func (r WorkerMinimalResult) StaleFixed() bool { return r.StaleFetch.Fixed() }
 
 // BlockBug: the fetch waited on the session row, for at least half the
 // hold.
@@ -112,8 +93,8 @@ func (r WorkerMinimalResult) Fixed() bool { return r.StaleFixed() && r.BlockFixe
 //     commits after Hold.
 func WorkerMinimal(ctx context.Context, dsn, schema string, version int64, cfg WorkerMinimalConfig) (WorkerMinimalResult, error) {
 	cfg.defaults()
-	res := WorkerMinimalResult{Schema: schema, Version: version, StaleMs: cfg.StaleMs, LockTimeoutMs: cfg.LockTimeoutMs,
-		HoldMs: cfg.Hold.Milliseconds()}
+	res := WorkerMinimalResult{HoldMs: cfg.Hold.Milliseconds(),
+		StaleFetch: StaleFetch{Schema: schema, Version: version, StaleMs: cfg.StaleMs, LockTimeoutMs: cfg.LockTimeoutMs}}
 	conn, err := pgx.Connect(ctx, dsn)
 	if err != nil {
 		return res, fmt.Errorf("worker minimal: %w", err)
@@ -128,10 +109,16 @@ func WorkerMinimal(ctx context.Context, dsn, schema string, version int64, cfg W
 	return res, nil
 }
 
-func emptyWorkerTables(ctx context.Context, conn *pgx.Conn, schema string) error {
+// freshWorkerQueue empties the worker queue and sessions of schema and
+// returns a client of it and the database clock.
+func freshWorkerQueue(ctx context.Context, conn *pgx.Conn, schema string) (worker.Client, int64, error) {
 	_, err := conn.Exec(ctx, "TRUNCATE "+pgx.Identifier{schema, "worker_queue"}.Sanitize()+", "+
 		pgx.Identifier{schema, "sessions"}.Sanitize())
-	return err
+	if err != nil {
+		return worker.Client{}, 0, err
+	}
+	now, err := dbNowMs(ctx, conn)
+	return worker.NewClient(schema), now, err
 }
 
 func dbNowMs(ctx context.Context, conn *pgx.Conn) (int64, error) {
@@ -141,11 +128,7 @@ func dbNowMs(ctx context.Context, conn *pgx.Conn) (int64, error) {
 }
 
 func workerStale(ctx context.Context, conn *pgx.Conn, schema string, cfg WorkerMinimalConfig, res *WorkerMinimalResult) error {
-	c := worker.NewClient(schema)
-	if err := emptyWorkerTables(ctx, conn, schema); err != nil {
-		return err
-	}
-	now, err := dbNowMs(ctx, conn)
+	c, now, err := freshWorkerQueue(ctx, conn, schema)
 	if err != nil {
 		return err
 	}
@@ -182,11 +165,7 @@ func workerStale(ctx context.Context, conn *pgx.Conn, schema string, cfg WorkerM
 }
 
 func workerBlocked(ctx context.Context, conn *pgx.Conn, dsn, schema string, cfg WorkerMinimalConfig, res *WorkerMinimalResult) error {
-	c := worker.NewClient(schema)
-	if err := emptyWorkerTables(ctx, conn, schema); err != nil {
-		return err
-	}
-	now, err := dbNowMs(ctx, conn)
+	c, now, err := freshWorkerQueue(ctx, conn, schema)
 	if err != nil {
 		return err
 	}
@@ -302,6 +281,30 @@ GROUP BY a.pid`, fetcher.PgConn().PID()).Scan(&waitStart)
 	return nil
 }
 
+// RunWorkerMinimal runs WorkerMinimal at each of versions, on schemas[v]
+// in the database of dsn.
+func RunWorkerMinimal(ctx context.Context, dsn string, schemas map[int64]string, versions []int64) ([]WorkerMinimalResult, error) {
+	return atEach(versions, "worker minimal repro", func(v int64) (WorkerMinimalResult, error) {
+		return WorkerMinimal(ctx, dsn, schemas[v], v, WorkerMinimalConfig{})
+	})
+}
+
+// WorkerMinimalVerdict holds when the first result shows both symptoms and
+// the second neither.
+func WorkerMinimalVerdict(results []WorkerMinimalResult) bool { return pairVerdict(results) }
+
+// PrintWorkerMinimal writes the worker minimal repro's results side by
+// side, with its settings and its verdict.
+func PrintWorkerMinimal(w io.Writer, results []WorkerMinimalResult) error {
+	if len(results) == 0 {
+		return nil
+	}
+	fmt.Fprintf(w, "worker minimal repro: fetch_work_item with p_now_ms %d ms stale and a %d ms lock timeout, then ack_worker; "+
+		"a session fetch while another transaction holds the session's row (%d ms)\n\n",
+		results[0].StaleMs, results[0].LockTimeoutMs, results[0].HoldMs)
+	return printPair(w, results, WorkerMinimalRows(results))
+}
+
 // WorkerMinimalMarkdown renders the worker minimal repro as a Markdown
 // section.
 func WorkerMinimalMarkdown(results []WorkerMinimalResult) string {
@@ -316,47 +319,25 @@ func WorkerMinimalMarkdown(results []WorkerMinimalResult) string {
 		"Blocked session fetch: items of sessions s1, s1, s2; owner w2 fetches the first, another transaction holds session s1's row "+
 		"(an uncommitted renew_session_lock) for %d ms once w2's next fetch is seen waiting on it.\n\n",
 		r0.StaleMs, r0.LockTimeoutMs, r0.HoldMs)
-	for _, row := range WorkerMinimalRows(results) {
-		b.WriteString("| " + strings.Join(row, " | ") + " |\n")
-		if row[0] == "" {
-			b.WriteString("|" + strings.Repeat("---|", len(row)) + "\n")
-		}
-	}
+	rows := WorkerMinimalRows(results)
+	writeMarkdownTable(&b, rows[0], rows[1:])
 	return b.String()
 }
 
 // WorkerMinimalRows are the side-by-side rows: a header, then label and one
 // cell per version.
 func WorkerMinimalRows(results []WorkerMinimalResult) [][]string {
-	rows := [][]string{{""}}
-	for _, r := range results {
-		rows[0] = append(rows[0], fmt.Sprintf("version %d", r.Version))
-	}
-	add := func(label string, cell func(r WorkerMinimalResult) string) {
-		row := []string{label}
-		for _, r := range results {
-			row = append(row, cell(r))
-		}
-		rows = append(rows, row)
-	}
-	add("stale fetch: row returned", func(r WorkerMinimalResult) string { return fmt.Sprint(r.Fetched) })
-	add("remaining lease at return (ms, db clock)", func(r WorkerMinimalResult) string { return fmt.Sprintf("%+d", r.RemainingMs) })
-	add("ack_worker with the returned token", func(r WorkerMinimalResult) string {
-		if r.AckOK {
-			return "ok"
-		}
-		if r.AckError != "" {
-			return "refused"
-		}
-		return "-"
-	})
-	add("blocked fetch: waited on the session row", func(r WorkerMinimalResult) string {
-		if r.Blocked {
-			return fmt.Sprintf("yes, %d ms", r.BlockedMs)
-		}
-		return "no"
-	})
-	add("call duration (ms)", func(r WorkerMinimalResult) string { return fmt.Sprint(r.CallMs) })
-	add("item returned (session)", func(r WorkerMinimalResult) string { return r.Returned })
-	return rows
+	return append([][]string{versionHeader(results)}, rowsOf(results, []rowDef[WorkerMinimalResult]{
+		{"stale fetch: row returned", func(r WorkerMinimalResult) string { return fmt.Sprint(r.Fetched) }},
+		{"remaining lease at return (ms, db clock)", func(r WorkerMinimalResult) string { return fmt.Sprintf("%+d", r.RemainingMs) }},
+		{"ack_worker with the returned token", func(r WorkerMinimalResult) string { return r.ack("refused") }},
+		{"blocked fetch: waited on the session row", func(r WorkerMinimalResult) string {
+			if r.Blocked {
+				return fmt.Sprintf("yes, %d ms", r.BlockedMs)
+			}
+			return "no"
+		}},
+		{"call duration (ms)", func(r WorkerMinimalResult) string { return fmt.Sprint(r.CallMs) }},
+		{"item returned (session)", func(r WorkerMinimalResult) string { return r.Returned }},
+	})...)
 }

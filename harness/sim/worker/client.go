@@ -15,13 +15,12 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/duroxide-pg/migrations/harness/sim/orch"
 )
 
-// Querier is a *pgx.Conn, *pgxpool.Pool or pgx.Tx.
-type Querier interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
+// Querier is a *pgx.Conn, *pgxpool.Pool or pgx.Tx (orch's).
+type Querier = orch.Querier
 
 // Client calls the worker-queue functions of one schema.
 type Client struct {

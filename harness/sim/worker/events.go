@@ -71,6 +71,9 @@ type Event struct {
 // HasRow reports a fetch that returned a row (a lease).
 func (e Event) HasRow() bool { return e.Kind == KindFetch && e.Token != "" }
 
+// Lease is a fetched lease's RemainingMs and LeaseLost (eventlog.Leased).
+func (e Event) Lease() (remainingMs int64, lost bool) { return e.RemainingMs, e.LeaseLost }
+
 // DeadAtReturn reports a fetch whose lease had already expired, by the
 // database clock, when the function returned.
 func (e Event) DeadAtReturn() bool {
@@ -256,17 +259,5 @@ func latency(us []int64, p float64) float64 {
 
 // Remaining returns the remaining lease at return (ms, database clock) of
 // every fetch that returned a readable lease, and the number of leases
-// taken over before they could be read.
-func Remaining(events []Event) (values []int64, lost int) {
-	for _, e := range events {
-		if !e.HasRow() {
-			continue
-		}
-		if e.LeaseLost {
-			lost++
-			continue
-		}
-		values = append(values, e.RemainingMs)
-	}
-	return values, lost
-}
+// lost before they could be read.
+func Remaining(events []Event) (values []int64, lost int) { return eventlog.Remaining(events) }

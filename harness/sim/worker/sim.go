@@ -11,6 +11,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/duroxide-pg/migrations/harness/sim/clock"
+	"github.com/duroxide-pg/migrations/harness/sim/defaults"
 	"github.com/duroxide-pg/migrations/harness/sim/dispatch"
 )
 
@@ -102,26 +104,16 @@ const (
 
 // WithDefaults fills the zero fields.
 func (c Config) WithDefaults() Config {
-	def := func(p *int, v int) {
-		if *p <= 0 {
-			*p = v
-		}
-	}
-	defD := func(p *time.Duration, v time.Duration) {
-		if *p <= 0 {
-			*p = v
-		}
-	}
-	def(&c.Runtimes, DefaultRuntimes)
-	def(&c.Slots, DefaultSlots)
-	def(&c.Items, DefaultItems)
-	defD(&c.LockTimeout, DefaultLockTimeout)
-	defD(&c.SessionLockTimeout, c.LockTimeout)
-	defD(&c.SessionIdle, 4*c.SessionLockTimeout)
-	defD(&c.SessionRenewEvery, c.SessionLockTimeout/4)
-	defD(&c.CleanupEvery, c.LockTimeout)
-	defD(&c.PollInterval, DefaultPollInterval)
-	defD(&c.Duration, DefaultDuration)
+	defaults.Set(&c.Runtimes, DefaultRuntimes)
+	defaults.Set(&c.Slots, DefaultSlots)
+	defaults.Set(&c.Items, DefaultItems)
+	defaults.Set(&c.LockTimeout, DefaultLockTimeout)
+	defaults.Set(&c.SessionLockTimeout, c.LockTimeout)
+	defaults.Set(&c.SessionIdle, 4*c.SessionLockTimeout)
+	defaults.Set(&c.SessionRenewEvery, c.SessionLockTimeout/4)
+	defaults.Set(&c.CleanupEvery, c.LockTimeout)
+	defaults.Set(&c.PollInterval, DefaultPollInterval)
+	defaults.Set(&c.Duration, DefaultDuration)
 	if c.RandSeed == 0 {
 		c.RandSeed = 1
 	}
@@ -145,12 +137,10 @@ func (c Config) Validate() error {
 	return nil
 }
 
-// SkewFor is runtime i's clock offset (of n).
+// SkewFor is runtime i's clock offset (of n): its place in the spread over
+// [-SkewBehind, +SkewAhead].
 func (c Config) SkewFor(i, n int) time.Duration {
-	if n <= 1 {
-		return 0
-	}
-	return -c.SkewBehind + time.Duration(float64(c.SkewBehind+c.SkewAhead)*float64(i)/float64(n-1))
+	return clock.Spread(-c.SkewBehind, c.SkewAhead, i, n)
 }
 
 // ItemAt is the k-th item of a run (k from 1): the seeded backlog is items
@@ -251,14 +241,14 @@ func Run(ctx context.Context, dsn string, cfg Config) (*Log, error) {
 	var slots []*slot
 	var runtimes []*runtimeLoop
 	for rt := 0; rt < cfg.Runtimes; rt++ {
-		skew := cfg.SkewFor(rt, cfg.Runtimes).Milliseconds()
+		hostClock := clock.New(cfg.SkewFor(rt, cfg.Runtimes))
 		var owners []string
 		for s := 0; s < cfg.Slots; s++ {
 			c, err := connect(fmt.Sprintf("runtime %d slot %d", rt, s))
 			if err != nil {
 				return nil, err
 			}
-			w := &slot{run: r, runtime: rt, slot: s, conn: c, pid: c.PgConn().PID(), skewMs: skew,
+			w := &slot{run: r, runtime: rt, slot: s, conn: c, pid: c.PgConn().PID(), clock: hostClock,
 				filter: cfg.FilterFor(rt*cfg.Slots + s), rng: rand.New(rand.NewSource(cfg.RandSeed + int64(rt*cfg.Slots+s)))}
 			if cfg.Sessions > 0 {
 				w.session = &Session{OwnerID: OwnerID(rt, s), LockTimeoutMs: cfg.SessionLockTimeout.Milliseconds()}
@@ -271,7 +261,7 @@ func Run(ctx context.Context, dsn string, cfg Config) (*Log, error) {
 			if err != nil {
 				return nil, err
 			}
-			runtimes = append(runtimes, &runtimeLoop{run: r, runtime: rt, conn: c, skewMs: skew, owners: owners})
+			runtimes = append(runtimes, &runtimeLoop{run: r, runtime: rt, conn: c, clock: hostClock, owners: owners})
 		}
 	}
 	var watch *lockWatcher
@@ -324,7 +314,7 @@ func Run(ctx context.Context, dsn string, cfg Config) (*Log, error) {
 type slot struct {
 	*run
 	runtime, slot int
-	skewMs        int64
+	clock         clock.Skewed
 	filter        Filter
 	session       *Session
 	rng           *rand.Rand
@@ -334,7 +324,7 @@ type slot struct {
 	pid    uint32
 }
 
-func (w *slot) now() int64 { return time.Now().UnixMilli() + w.skewMs }
+func (w *slot) now() int64 { return w.clock.NowMs() }
 
 // call runs f on the connection, timed, with p_now_ms minted just before.
 func (w *slot) call(f func(nowMs int64) error) (before, after, latencyUs int64, err error) {
@@ -364,10 +354,10 @@ func (w *slot) loop(runCtx, ctx context.Context) {
 			if runCtx.Err() != nil {
 				return
 			}
-			sleep(runCtx, 100*time.Millisecond)
+			clock.Sleep(runCtx, 100*time.Millisecond)
 		case f == nil:
 			if rest := w.cfg.PollInterval - time.Since(iterStart); rest > 0 {
-				sleep(runCtx, rest)
+				clock.Sleep(runCtx, rest)
 			}
 		default:
 			w.process(ctx, f, iterStart)
@@ -437,7 +427,7 @@ func (w *slot) activityTime() time.Duration {
 // acks it with its completion; with Refill a completed item is replaced.
 func (w *slot) process(ctx context.Context, f *Fetched, fetchStart time.Time) {
 	stopRenew := w.startRenewal(ctx, f)
-	sleep(ctx, w.activityTime())
+	clock.Sleep(ctx, w.activityTime())
 	stopRenew()
 
 	before, after, lat, err := w.call(func(now int64) error {
@@ -513,7 +503,7 @@ type runtimeLoop struct {
 	*run
 	runtime int
 	conn    *pgx.Conn
-	skewMs  int64
+	clock   clock.Skewed
 	owners  []string
 }
 
@@ -532,7 +522,7 @@ func (rl *runtimeLoop) loop(ctx context.Context) {
 			kind = KindCleanup
 		}
 		start := time.Now()
-		now := start.UnixMilli() + rl.skewMs
+		now := rl.clock.NowMs()
 		var n int64
 		var err error
 		if kind == KindRenewSession {
@@ -544,7 +534,7 @@ func (rl *runtimeLoop) loop(ctx context.Context) {
 			return
 		}
 		rl.log.Add(Event{Runtime: rl.runtime, Slot: -1, Kind: kind, PID: rl.conn.PgConn().PID(), CallerBeforeMs: now,
-			CallerAfterMs: time.Now().UnixMilli() + rl.skewMs, LatencyUs: time.Since(start).Microseconds(), Count: n,
+			CallerAfterMs: rl.clock.NowMs(), LatencyUs: time.Since(start).Microseconds(), Count: n,
 			Outcome: outcome(err, nil)})
 	}
 }
@@ -557,17 +547,5 @@ func outcome(err error, refused func(error) bool) string {
 		return OutcomeRefused
 	default:
 		return err.Error()
-	}
-}
-
-func sleep(ctx context.Context, d time.Duration) {
-	if d <= 0 {
-		return
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-	case <-t.C:
 	}
 }

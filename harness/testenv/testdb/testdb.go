@@ -66,13 +66,7 @@ type Database struct {
 // Template returns the name of a database migrated to version (Latest for
 // all), creating it on first use.
 func (p *Pool) Template(ctx context.Context, version int64) (string, error) {
-	p.mu.Lock()
-	tpl, ok := p.templates[version]
-	if !ok {
-		tpl = &template{}
-		p.templates[version] = tpl
-	}
-	p.mu.Unlock()
+	tpl := entry(p, p.templates, version)
 	tpl.once.Do(func() {
 		tpl.name, tpl.err = p.buildTemplate(ctx, version)
 		p.mu.Lock()
@@ -80,6 +74,18 @@ func (p *Pool) Template(ctx context.Context, version int64) (string, error) {
 		p.mu.Unlock()
 	})
 	return tpl.name, tpl.err
+}
+
+// entry returns m's template of key, adding an empty one on first use.
+func entry[K comparable](p *Pool, m map[K]*template, key K) *template {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	tpl, ok := m[key]
+	if !ok {
+		tpl = &template{}
+		m[key] = tpl
+	}
+	return tpl
 }
 
 // nearestBelow returns the newest finished template older than version, so
@@ -97,11 +103,11 @@ func (p *Pool) nearestBelow(version int64) string {
 }
 
 func (p *Pool) buildTemplate(ctx context.Context, version int64) (string, error) {
-	name, err := p.clone(ctx, fmt.Sprintf("harness_tmpl_v%d_", max(version, 0)), p.nearestBelow(version))
+	db, err := p.clone(ctx, fmt.Sprintf("harness_tmpl_v%d_", max(version, 0)), p.nearestBelow(version))
 	if err != nil {
 		return "", err
 	}
-	r, err := migrate.Open(ctx, p.srv.DSN(name), migrate.Options{Schema: p.schema})
+	r, err := migrate.Open(ctx, db.DSN, migrate.Options{Schema: p.schema})
 	if err != nil {
 		return "", err
 	}
@@ -114,16 +120,20 @@ func (p *Pool) buildTemplate(ctx context.Context, version int64) (string, error)
 	if err != nil {
 		return "", fmt.Errorf("template at version %d: %w", version, err)
 	}
-	return name, nil
+	return db.Name, nil
 }
 
-// clone creates a database from template ("" for an empty one), retrying
-// while the template is briefly in use by another clone (55006).
-func (p *Pool) clone(ctx context.Context, prefix, template string) (string, error) {
+// clone creates a database named prefix… from template ("" for an empty
+// one), retrying while the template is briefly in use by another clone
+// (55006). It is the one way this package makes a database.
+func (p *Pool) clone(ctx context.Context, prefix, template string) (*Database, error) {
 	for attempt := 0; ; attempt++ {
 		name, err := p.srv.CreateDatabase(ctx, prefix, template)
-		if err == nil || template == "" || attempt == 20 || ctx.Err() != nil {
-			return name, err
+		if err == nil {
+			return &Database{Name: name, Schema: p.schema, DSN: p.srv.DSN(name), srv: p.srv}, nil
+		}
+		if template == "" || attempt == 20 || ctx.Err() != nil {
+			return nil, err
 		}
 		time.Sleep(time.Duration(10*(attempt+1)) * time.Millisecond)
 	}
@@ -136,15 +146,7 @@ func (p *Pool) Create(ctx context.Context, version int64) (*Database, error) {
 	if err != nil {
 		return nil, err
 	}
-	return p.cloneDatabase(ctx, tpl)
-}
-
-func (p *Pool) cloneDatabase(ctx context.Context, template string) (*Database, error) {
-	name, err := p.clone(ctx, "harness_test_", template)
-	if err != nil {
-		return nil, err
-	}
-	return &Database{Name: name, Schema: p.schema, DSN: p.srv.DSN(name), srv: p.srv}, nil
+	return p.clone(ctx, "harness_test_", tpl)
 }
 
 // NewState makes a fresh database in a start state for t (dropped like
@@ -154,23 +156,19 @@ func (p *Pool) NewState(t testing.TB, key string, from int64, build func(ctx con
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	p.mu.Lock()
-	tpl, ok := p.states[key]
-	if !ok {
-		tpl = &template{}
-		p.states[key] = tpl
-	}
-	p.mu.Unlock()
+	tpl := entry(p, p.states, key)
 	tpl.once.Do(func() {
 		base, err := p.Template(ctx, from)
 		if err != nil {
 			tpl.err = err
 			return
 		}
-		if tpl.name, tpl.err = p.clone(ctx, "harness_state_", base); tpl.err != nil {
+		db, err := p.clone(ctx, "harness_state_", base)
+		if err != nil {
+			tpl.err = err
 			return
 		}
-		db := &Database{Name: tpl.name, Schema: p.schema, DSN: p.srv.DSN(tpl.name), srv: p.srv}
+		tpl.name = db.Name
 		if err := build(ctx, db); err != nil {
 			tpl.err = fmt.Errorf("start state %s: %w", key, err)
 		}
@@ -200,7 +198,7 @@ func (p *Pool) adopt(t testing.TB, template string) *Database {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	db, err := p.cloneDatabase(ctx, template)
+	db, err := p.clone(ctx, "harness_test_", template)
 	if err != nil {
 		t.Fatalf("test database from %s: %v", template, err)
 	}
