@@ -3,7 +3,8 @@ package migrations_test
 // The adoption matrix: every start state a DBA can meet (a new database,
 // the pack's own, databases duroxide-pg's runner made or touched, a hand
 // edit) times every procedure the docs give them (baseline then up; up to
-// 21; down to 19), each cell a test of the end state: refusals, goose's
+// the pack's fix of the ack; down to the last port before the pack's fixes),
+// each cell a test of the end state: refusals, goose's
 // version, catalog, which definition each fixed function has, the
 // stale-timestamp probe, KV reads against a reference, an ack in flight
 // against a fetch whose clock says it expired, and no row lost.
@@ -60,14 +61,14 @@ func matrixStates() []startState {
 	return []startState{
 		{name: "fresh", goose: noGoose, upstream: 0, fetch: doctor.Missing, ack: doctor.Missing,
 			open: func(t *testing.T) *testdb.Database { return dbs.New(t, 0) }},
-		pack(19), pack(21), pack(latest),
+		pack(unfixedStop()), pack(orchFixedStop()), pack(latest),
 		{name: "made by the real provider", goose: noGoose, upstream: upstreamLevel, fetch: doctor.Unfixed, ack: doctor.Unfixed,
 			open: func(t *testing.T) *testdb.Database { return dbs.RealProvider(t) }},
 		shaped(19), shaped(20), shaped(21),
 		// Its runner replaced 0021's ack with upstream 20's; the fetch,
 		// which upstream 20..23 leave alone, keeps 0020's fix.
-		{name: "pack-built at 21 then opened by the real provider", goose: 21, upstream: upstreamLevel, fetch: doctor.Fixed, ack: doctor.Unfixed,
-			open: func(t *testing.T) *testdb.Database { return dbs.PackThenProvider(t, 21) }},
+		{name: fmt.Sprintf("pack-built at %d then opened by the real provider", orchFixedStop()), goose: orchFixedStop(), upstream: upstreamLevel, fetch: doctor.Fixed, ack: doctor.Unfixed,
+			open: func(t *testing.T) *testdb.Database { return dbs.PackThenProvider(t, orchFixedStop()) }},
 		{name: "made by the real provider, ack edited by hand", goose: noGoose, upstream: upstreamLevel, fetch: doctor.Unfixed, ack: doctor.Unknown,
 			open: func(t *testing.T) *testdb.Database {
 				db := dbs.RealProvider(t)
@@ -75,6 +76,20 @@ func matrixStates() []startState {
 				return db
 			}},
 	}
+}
+
+// unfixedStop is the last pack version before any fix of the pack's (the
+// port of upstream's own history), and orchFixedStop the version where both
+// orchestration fixes are in (where a DBA whose duroxide-pg stops before
+// the worker fixes may stop): the two stops of the matrix, from sql/.
+func unfixedStop() int64 { return migrations.LastContiguousPort() }
+
+func orchFixedStop() int64 {
+	m, ok := migrations.FixOf("ack_orchestration_item")
+	if !ok {
+		panic("the pack has no fix of ack_orchestration_item")
+	}
+	return m.Version
 }
 
 // verdictsAt is what the pack at goose version v holds: a function is fixed
@@ -94,8 +109,18 @@ func verdictsAt(v int64) (fetch, ack string) {
 // procedure is what the DBA runs; it returns the error the harness gave.
 type procedure struct {
 	name string
+	kind procedureKind
 	run  func(ctx context.Context, t *testing.T, db *testdb.Database) error
 }
+
+// procedureKind is what a procedure does, whatever versions its name shows.
+type procedureKind int
+
+const (
+	baselineThenUp procedureKind = iota
+	upToOrchFixed
+	downToUnfixed
+)
 
 func matrixProcedures() []procedure {
 	migrateOp := func(op func(ctx context.Context, r *migrate.Runner) error) func(ctx context.Context, t *testing.T, db *testdb.Database) error {
@@ -110,7 +135,7 @@ func matrixProcedures() []procedure {
 	}
 	up := migrateOp(func(ctx context.Context, r *migrate.Runner) error { _, err := r.Up(ctx); return err })
 	return []procedure{
-		{"baseline then up", func(ctx context.Context, t *testing.T, db *testdb.Database) error {
+		{"baseline then up", baselineThenUp, func(ctx context.Context, t *testing.T, db *testdb.Database) error {
 			conn, err := sql.Open("pgx", db.DSN)
 			require.NoError(t, err)
 			defer conn.Close()
@@ -119,8 +144,10 @@ func matrixProcedures() []procedure {
 			// migrate must then refuse what baseline refused.
 			return errors.Join(berr, up(ctx, t, db))
 		}},
-		{"up --to 21", migrateOp(func(ctx context.Context, r *migrate.Runner) error { _, err := r.UpTo(ctx, 21); return err })},
-		{"down --to 19", migrateOp(func(ctx context.Context, r *migrate.Runner) error { _, err := r.DownTo(ctx, 19); return err })},
+		{fmt.Sprintf("up --to %d", orchFixedStop()), upToOrchFixed,
+			migrateOp(func(ctx context.Context, r *migrate.Runner) error { _, err := r.UpTo(ctx, orchFixedStop()); return err })},
+		{fmt.Sprintf("down --to %d", unfixedStop()), downToUnfixed,
+			migrateOp(func(ctx context.Context, r *migrate.Runner) error { _, err := r.DownTo(ctx, unfixedStop()); return err })},
 	}
 }
 
@@ -138,7 +165,7 @@ type outcome struct {
 
 // expect is the table's end-state column, as rules: what the docs promise
 // a DBA for each start state and procedure.
-func expect(s startState, proc string) outcome {
+func expect(s startState, proc procedureKind) outcome {
 	latest := migrations.Latest()
 	unchanged := outcome{goose: s.goose, upstream: s.upstream, fetch: s.fetch, ack: s.ack}
 	adopted := s.goose != noGoose || s.upstream == 0
@@ -147,7 +174,7 @@ func expect(s startState, proc string) outcome {
 		return outcome{goose: v, upstream: migrations.UpstreamAt(v), fetch: fetch, ack: ack}
 	}
 	switch proc {
-	case "baseline then up":
+	case baselineThenUp:
 		switch {
 		case s.ack == doctor.Unknown: // a body nobody knows: refused twice, nothing changes
 			o := unchanged
@@ -161,31 +188,31 @@ func expect(s startState, proc string) outcome {
 		o := at(latest)
 		o.upstream = max(o.upstream, s.upstream)
 		return o
-	case "up --to 21":
+	case upToOrchFixed:
 		if !adopted {
 			o := unchanged
 			o.needsBaseline = true
 			return o
 		}
-		if s.goose >= 21 {
-			return unchanged // nothing pending up to 21
+		if s.goose >= orchFixedStop() {
+			return unchanged // nothing pending up to it
 		}
-		return at(21)
-	case "down --to 19":
+		return at(orchFixedStop())
+	case downToUnfixed:
 		if !adopted {
 			o := unchanged
 			o.needsBaseline = true
 			return o
 		}
-		if s.goose <= 19 {
+		if s.goose <= unfixedStop() {
 			o := unchanged
 			if s.goose == noGoose {
 				o.goose = 0 // migrate made its (empty) table
 			}
 			return o
 		}
-		o := at(19)
-		if s.upstream > 19 && s.goose < portOf(20) {
+		o := at(unfixedStop())
+		if s.upstream > migrations.UpstreamAt(unfixedStop()) && s.goose < portOf(20) {
 			// duroxide-pg's runner applied upstream 20+ outside goose:
 			// the fixes' Downs restore the unfixed definitions of those
 			// versions and leave upstream's objects alone.
@@ -193,7 +220,7 @@ func expect(s startState, proc string) outcome {
 		}
 		return o
 	}
-	panic("unknown procedure " + proc)
+	panic(fmt.Sprintf("unknown procedure kind %d", proc))
 }
 
 func TestAdoptionMatrix(t *testing.T) {
@@ -202,7 +229,7 @@ func TestAdoptionMatrix(t *testing.T) {
 		for _, p := range matrixProcedures() {
 			t.Run(s.name+" | "+p.name, func(t *testing.T) {
 				t.Parallel()
-				runCell(t, s, p, expect(s, p.name))
+				runCell(t, s, p, expect(s, p.kind))
 			})
 		}
 	}
@@ -211,7 +238,7 @@ func TestAdoptionMatrix(t *testing.T) {
 func runCell(t *testing.T, s startState, p procedure, want outcome) {
 	ctx := context.Background()
 	db := s.open(t)
-	h := &v19{t: t, db: db, pool: db.PgxPool(t)}
+	h := &schemaDB{t: t, db: db, pool: db.PgxPool(t)}
 
 	// Before: the state is what it claims, and it holds KV data.
 	requireState(t, h, s.goose, s.upstream, s.fetch, s.ack, "start state")
@@ -293,7 +320,7 @@ func portOf(u int64) int64 {
 
 // requireState checks goose's version, the catalog (upstream's at
 // upstream), and which definition the fixed functions have.
-func requireState(t *testing.T, h *v19, goose, upstream int64, fetch, ack, what string) {
+func requireState(t *testing.T, h *schemaDB, goose, upstream int64, fetch, ack, what string) {
 	t.Helper()
 	ctx := context.Background()
 	var hasGoose bool
@@ -329,7 +356,7 @@ func requireState(t *testing.T, h *v19, goose, upstream int64, fetch, ack, what 
 	require.Equal(t, ack, verdicts["ack_orchestration_item"], "%s: ack_orchestration_item %+v", what, fns)
 }
 
-func requireFunctionsAsAtLatest(t *testing.T, h *v19) {
+func requireFunctionsAsAtLatest(t *testing.T, h *schemaDB) {
 	t.Helper()
 	latest := migrations.Latest()
 	u := migrations.UpstreamAt(latest)
@@ -351,7 +378,7 @@ func requireFunctionsAsAtLatest(t *testing.T, h *v19) {
 // editByHand adds a comment to a function's body, as a DBA's hot fix would.
 func editByHand(t *testing.T, db *testdb.Database, fn string) {
 	t.Helper()
-	h := &v19{t: t, db: db, pool: db.PgxPool(t)}
+	h := &schemaDB{t: t, db: db, pool: db.PgxPool(t)}
 	var def string
 	h.scan("SELECT pg_get_functiondef($1::regproc)", []any{db.Qualify(fn)}, &def)
 	h.exec(strings.Replace(def, "BEGIN", "BEGIN\n    -- hot fix, by hand", 1))
@@ -359,7 +386,7 @@ func editByHand(t *testing.T, db *testdb.Database, fn string) {
 
 // rowCounts counts the rows of every table of the schema but the two
 // bookkeeping tables.
-func rowCounts(t *testing.T, h *v19) map[string]int64 {
+func rowCounts(t *testing.T, h *schemaDB) map[string]int64 {
 	t.Helper()
 	out := map[string]int64{}
 	for _, table := range h.texts(`SELECT c.relname::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
@@ -374,12 +401,12 @@ func rowCounts(t *testing.T, h *v19) map[string]int64 {
 // kvReference drives one orchestration that writes KV across turns, and
 // remembers what it wrote.
 type kvReference struct {
-	h       *v19
+	h       *schemaDB
 	started bool
 	want    map[string]string
 }
 
-func newKVReference(h *v19) *kvReference { return &kvReference{h: h, want: map[string]string{}} }
+func newKVReference(h *schemaDB) *kvReference { return &kvReference{h: h, want: map[string]string{}} }
 
 // kvTurns are the orchestration's turns: key a is set twice (the second
 // value must win) before the procedure, b after it.

@@ -1,7 +1,7 @@
 package migrations_test
 
 // Helpers for the behaviour tests (behaviour_*_test.go): they drive the
-// functions of a database at schema version 19 the way duroxide-pg does,
+// functions of a database at one pack version the way duroxide-pg does,
 // always schema-qualified, on a pool whose sessions have an empty
 // search_path. Time is the caller's clock: every p_now_ms is chosen by the
 // test, so "time passes" by passing a larger value.
@@ -21,11 +21,17 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/duroxide-pg/migrations/harness/testenv/testdb"
+	migrations "github.com/duroxide-pg/migrations/sql"
 )
 
 const (
-	// clock0 is the test clock's origin (2023-11-14 22:13:20 UTC), in epoch ms.
-	clock0 int64 = 1_700_000_000_000
+	// clock0 is the test clock's origin (2099-12-03 17:33:20 UTC), in epoch
+	// ms: the caller's clock runs ahead of the database's, as a caller's
+	// clock may, so the fixes that take the later of both clocks take the
+	// caller's, and every claim about values computed from p_now_ms holds
+	// unchanged at every version (the fixes' own tests give them a clock
+	// that lags).
+	clock0 int64 = 4_100_000_000_000
 	// lockMs is the orchestration/worker lock timeout the tests pass (the
 	// runtime's default of 5 s).
 	lockMs int64 = 5_000
@@ -34,74 +40,135 @@ const (
 // lockTokenRE is the lock token format: 'lock_' and a lowercase UUID.
 var lockTokenRE = regexp.MustCompile(`^lock_[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$`)
 
-// v19 is one test's database at version 19 and the pool that talks to it.
-type v19 struct {
-	t    *testing.T
-	db   *testdb.Database
-	pool *pgxpool.Pool
+// schemaDB is one test's database at one pack version and the pool that
+// talks to it.
+type schemaDB struct {
+	t       *testing.T
+	db      *testdb.Database
+	pool    *pgxpool.Pool
+	version int64 // the pack version it is migrated to (0: not the pack's)
 }
 
-// newV19 gives t a database of its own migrated to version 19.
-func newV19(t *testing.T) *v19 { t.Helper(); return newAtVersion(t, 19) }
-
-// newAtVersion is newV19 at another version (the helpers work on any
-// version from 19 on: the pack's later migrations keep the same catalog).
-func newAtVersion(t *testing.T, version int64) *v19 {
+// newAtVersion gives t a database of its own migrated to pack version
+// version (the helpers work on any version from the last port of
+// upstream's own history on: later migrations keep its catalog).
+func newAtVersion(t *testing.T, version int64) *schemaDB {
 	t.Helper()
 	db := dbs.New(t, version)
-	return &v19{t: t, db: db, pool: db.PgxPool(t)}
+	return &schemaDB{t: t, db: db, pool: db.PgxPool(t), version: version}
 }
 
-// newV19Suite gives the subtests of t one database at version 19 (cloning
-// a database per claim would dominate the run time). The returned fresh
-// empties every table and hands the database to one subtest; subtests that
-// share it therefore run one after another, each on an empty schema, and
-// every function call stays one autocommit statement as duroxide-pg issues
-// it. Sequences are not reset: tests compare ids, never their values.
-func newV19Suite(t *testing.T) (fresh func(t *testing.T) *v19) {
+// behaviourVersions are the pack versions every behaviour suite runs at:
+// the last port of upstream's own history (the schema duroxide-pg's
+// releases had before any fix of the pack) and every later version, fixes
+// and later ports alike. All of it is read from sql/.
+func behaviourVersions() []int64 {
+	var out []int64
+	for _, m := range migrations.MustPack() {
+		if m.Version >= migrations.LastContiguousPort() {
+			out = append(out, m.Version)
+		}
+	}
+	return out
+}
+
+// atEveryVersion runs body once per behaviourVersions, each as a parallel
+// subtest "at NNNN" with one database of its own; fresh empties it and
+// hands it to one claim (see sharedSuite).
+func atEveryVersion(t *testing.T, body func(t *testing.T, fresh func(*testing.T) *schemaDB)) {
 	t.Helper()
-	shared := newV19(t)
-	return func(st *testing.T) *v19 {
-		st.Helper()
-		_, err := shared.pool.Exec(shared.ctx(), `TRUNCATE duroxide.orchestrator_queue, duroxide.worker_queue,
-			duroxide.instance_locks, duroxide.instances, duroxide.executions, duroxide.history,
-			duroxide.kv_store, duroxide.sessions`)
-		require.NoError(st, err, "empty the tables")
-		return &v19{t: st, db: shared.db, pool: shared.pool}
+	atVersions(t, behaviourVersions(), body)
+}
+
+// atEveryVersionWithout is atEveryVersion restricted to the versions that
+// still hold upstream's definition of function: the claims about a defect
+// the pack's fix of function removes (the fix's own tests claim the
+// opposite from the fix on).
+func atEveryVersionWithout(t *testing.T, function string, body func(t *testing.T, fresh func(*testing.T) *schemaDB)) {
+	t.Helper()
+	fix, ok := migrations.FixOf(function)
+	require.True(t, ok, "the pack has no fix of %s", function)
+	var versions []int64
+	for _, v := range behaviourVersions() {
+		if v < fix.Version {
+			versions = append(versions, v)
+		}
+	}
+	atVersions(t, versions, body)
+}
+
+func atVersions(t *testing.T, versions []int64, body func(t *testing.T, fresh func(*testing.T) *schemaDB)) {
+	t.Helper()
+	require.NotEmpty(t, versions, "no pack version to run at")
+	t.Parallel()
+	for _, v := range versions {
+		t.Run(fmt.Sprintf("at %04d", v), func(t *testing.T) {
+			t.Parallel()
+			body(t, sharedSuite(t, newAtVersion(t, v)))
+		})
 	}
 }
 
-func (h *v19) ctx() context.Context { return context.Background() }
+// hasFix reports whether h's version carries the pack's fix of function:
+// where a claim's expectation changes with a fix, the claim asks this
+// rather than naming a version.
+func (h *schemaDB) hasFix(function string) bool {
+	fix, ok := migrations.FixOf(function)
+	return ok && h.version >= fix.Version
+}
+
+// sharedSuite gives the subtests of t the one database shared (cloning a
+// database per claim would dominate the run time). The returned fresh
+// empties every table of the schema but goose's and duroxide-pg's
+// bookkeeping, and hands the database to one subtest; subtests that share
+// it therefore run one after another, each on an empty schema, and every
+// function call stays one autocommit statement as duroxide-pg issues it.
+// Sequences are not reset: tests compare ids, never their values.
+func sharedSuite(t *testing.T, shared *schemaDB) (fresh func(t *testing.T) *schemaDB) {
+	t.Helper()
+	var tables string
+	shared.scan(`SELECT string_agg(format('%I.%I', schemaname, tablename), ', ' ORDER BY tablename)
+		FROM pg_tables WHERE schemaname = 'duroxide'
+		AND tablename NOT IN ('_duroxide_migrations', 'goose_db_version')`, nil, &tables)
+	return func(st *testing.T) *schemaDB {
+		st.Helper()
+		_, err := shared.pool.Exec(shared.ctx(), "TRUNCATE "+tables)
+		require.NoError(st, err, "empty the tables")
+		return shared.on(st)
+	}
+}
+
+func (h *schemaDB) ctx() context.Context { return context.Background() }
 
 // on is h reporting to t: for subtests that read a database another test
 // prepared.
-func (h *v19) on(t *testing.T) *v19 {
+func (h *schemaDB) on(t *testing.T) *schemaDB {
 	c := *h
 	c.t = t
 	return &c
 }
 
 // exec runs sql and requires it to succeed.
-func (h *v19) exec(sql string, args ...any) {
+func (h *schemaDB) exec(sql string, args ...any) {
 	h.t.Helper()
 	_, err := h.pool.Exec(h.ctx(), sql, args...)
 	require.NoError(h.t, err, sql)
 }
 
 // try runs sql and returns its error.
-func (h *v19) try(sql string, args ...any) error {
+func (h *schemaDB) try(sql string, args ...any) error {
 	_, err := h.pool.Exec(h.ctx(), sql, args...)
 	return err
 }
 
 // scan runs a one-row query and scans it into dst.
-func (h *v19) scan(sql string, args []any, dst ...any) {
+func (h *schemaDB) scan(sql string, args []any, dst ...any) {
 	h.t.Helper()
 	require.NoError(h.t, h.pool.QueryRow(h.ctx(), sql, args...).Scan(dst...), sql)
 }
 
 // count counts the rows of duroxide.<table> matching where.
-func (h *v19) count(table, where string, args ...any) int64 {
+func (h *schemaDB) count(table, where string, args ...any) int64 {
 	h.t.Helper()
 	var n int64
 	h.scan("SELECT count(*) FROM duroxide."+table+" WHERE "+where, args, &n)
@@ -109,7 +176,7 @@ func (h *v19) count(table, where string, args ...any) int64 {
 }
 
 // texts runs a query returning one text column.
-func (h *v19) texts(sql string, args ...any) []string {
+func (h *schemaDB) texts(sql string, args ...any) []string {
 	h.t.Helper()
 	rows, err := h.pool.Query(h.ctx(), sql, args...)
 	require.NoError(h.t, err, sql)
@@ -280,7 +347,7 @@ func kvClearAll() map[string]any { return map[string]any{"action": "clear_all"} 
 
 // enqueueOrch is enqueue_orchestrator_work as the provider calls it: the
 // three trailing arguments NULL.
-func (h *v19) enqueueOrch(instance, workItem string, visibleAtMs int64) {
+func (h *schemaDB) enqueueOrch(instance, workItem string, visibleAtMs int64) {
 	h.t.Helper()
 	h.exec(`SELECT duroxide.enqueue_orchestrator_work($1, $2, $3, NULL, NULL, NULL)`, instance, workItem, msTime(visibleAtMs))
 }
@@ -307,7 +374,7 @@ type orchItem struct {
 
 // fetchOrchErr calls fetch_orchestration_item; min and max are nil for NULL.
 // It returns nil when the function returns no row.
-func (h *v19) fetchOrchErr(nowMs, timeoutMs int64, minPacked, maxPacked any) (*orchItem, error) {
+func (h *schemaDB) fetchOrchErr(nowMs, timeoutMs int64, minPacked, maxPacked any) (*orchItem, error) {
 	rows, err := h.pool.Query(h.ctx(), `SELECT out_instance_id, out_orchestration_name, out_orchestration_version,
 		out_execution_id, out_history, out_messages, out_lock_token, out_attempt_count, out_kv_snapshot
 		FROM duroxide.fetch_orchestration_item($1, $2, $3, $4)`, nowMs, timeoutMs, minPacked, maxPacked)
@@ -347,7 +414,7 @@ func (h *v19) fetchOrchErr(nowMs, timeoutMs int64, minPacked, maxPacked any) (*o
 }
 
 // fetchOrch fetches without a version filter and requires success.
-func (h *v19) fetchOrch(nowMs int64) *orchItem {
+func (h *schemaDB) fetchOrch(nowMs int64) *orchItem {
 	h.t.Helper()
 	it, err := h.fetchOrchErr(nowMs, lockMs, nil, nil)
 	require.NoError(h.t, err)
@@ -355,7 +422,7 @@ func (h *v19) fetchOrch(nowMs int64) *orchItem {
 }
 
 // mustFetchOrch fetches and requires a row for instance.
-func (h *v19) mustFetchOrch(nowMs int64, instance string) *orchItem {
+func (h *schemaDB) mustFetchOrch(nowMs int64, instance string) *orchItem {
 	h.t.Helper()
 	it := h.fetchOrch(nowMs)
 	require.NotNil(h.t, it, "fetch at %d returned no row, want instance %s", nowMs, instance)
@@ -374,7 +441,7 @@ type turn struct {
 	Cancelled   json.RawMessage
 }
 
-func (h *v19) ackErr(token string, nowMs int64, tr turn) error {
+func (h *schemaDB) ackErr(token string, nowMs int64, tr turn) error {
 	or := func(v json.RawMessage, d string) json.RawMessage {
 		if v == nil {
 			return json.RawMessage(d)
@@ -391,7 +458,7 @@ func (h *v19) ackErr(token string, nowMs int64, tr turn) error {
 		token, nowMs, tr.ExecutionID, or(tr.History, "[]"), or(tr.Worker, "[]"), or(tr.Orch, "[]"), tr.Meta, or(tr.Cancelled, "[]"))
 }
 
-func (h *v19) ack(token string, nowMs int64, tr turn) {
+func (h *schemaDB) ack(token string, nowMs int64, tr turn) {
 	h.t.Helper()
 	require.NoError(h.t, h.ackErr(token, nowMs, tr))
 }
@@ -399,7 +466,7 @@ func (h *v19) ack(token string, nowMs int64, tr turn) {
 // startInstance runs the first turn of a new orchestration at nowMs:
 // enqueue StartOrchestration, fetch it, ack OrchestrationStarted with the
 // given metadata (name, version, status Running and extra key/values).
-func (h *v19) startInstance(instance, name, version string, nowMs int64, extra ...any) {
+func (h *schemaDB) startInstance(instance, name, version string, nowMs int64, extra ...any) {
 	h.t.Helper()
 	h.enqueueOrch(instance, startItem(instance, name, version, 1), nowMs)
 	it := h.mustFetchOrch(nowMs, instance)
@@ -422,7 +489,7 @@ type orchRow struct {
 	Attempts    int32
 }
 
-func (h *v19) orchRows() []orchRow {
+func (h *schemaDB) orchRows() []orchRow {
 	h.t.Helper()
 	rows, err := h.pool.Query(h.ctx(), `SELECT id, instance_id, work_item, visible_at, lock_token, locked_until, created_at, attempt_count
 		FROM duroxide.orchestrator_queue ORDER BY id`)
@@ -439,7 +506,7 @@ type instanceLock struct {
 	LockedAt    int64
 }
 
-func (h *v19) instanceLock(instance string) *instanceLock {
+func (h *schemaDB) instanceLock(instance string) *instanceLock {
 	h.t.Helper()
 	rows, err := h.pool.Query(h.ctx(), `SELECT lock_token, locked_until, locked_at FROM duroxide.instance_locks WHERE instance_id = $1`, instance)
 	require.NoError(h.t, err)
@@ -464,7 +531,7 @@ type workItem struct {
 
 // fetchWork calls fetch_work_item with every argument given (nil → NULL)
 // and returns nil when no row comes back.
-func (h *v19) fetchWork(nowMs, timeoutMs int64, owner, sessionTimeout any, tags []string, mode any) *workItem {
+func (h *schemaDB) fetchWork(nowMs, timeoutMs int64, owner, sessionTimeout any, tags []string, mode any) *workItem {
 	h.t.Helper()
 	rows, err := h.pool.Query(h.ctx(), `SELECT out_work_item, out_lock_token, out_attempt_count
 		FROM duroxide.fetch_work_item($1, $2, $3, $4, $5, $6)`, nowMs, timeoutMs, owner, sessionTimeout, tags, mode)
@@ -479,14 +546,14 @@ func (h *v19) fetchWork(nowMs, timeoutMs int64, owner, sessionTimeout any, tags 
 }
 
 // fetchDefault is a non-session, default_only fetch as the provider sends it.
-func (h *v19) fetchDefault(nowMs int64) *workItem {
+func (h *schemaDB) fetchDefault(nowMs int64) *workItem {
 	h.t.Helper()
 	return h.fetchWork(nowMs, lockMs, nil, nil, []string{}, "default_only")
 }
 
 // enqueueWork is enqueue_worker_work with identity columns NULL except the
 // session and tag given (nil → NULL).
-func (h *v19) enqueueWork(item string, nowMs int64, session, tag any) {
+func (h *schemaDB) enqueueWork(item string, nowMs int64, session, tag any) {
 	h.t.Helper()
 	h.exec(`SELECT duroxide.enqueue_worker_work($1, $2, NULL, NULL, NULL, $3, $4)`, item, nowMs, session, tag)
 }
@@ -507,7 +574,7 @@ type workerRow struct {
 	Tag         *string
 }
 
-func (h *v19) workerRows() []workerRow {
+func (h *schemaDB) workerRows() []workerRow {
 	h.t.Helper()
 	rows, err := h.pool.Query(h.ctx(), `SELECT id, work_item, visible_at, lock_token, locked_until, created_at, attempt_count,
 		instance_id, execution_id, activity_id, session_id, tag FROM duroxide.worker_queue ORDER BY id`)
@@ -524,7 +591,7 @@ type sessionRow struct {
 	LastActivityAt int64
 }
 
-func (h *v19) session(id string) *sessionRow {
+func (h *schemaDB) session(id string) *sessionRow {
 	h.t.Helper()
 	rows, err := h.pool.Query(h.ctx(), `SELECT worker_id, locked_until, last_activity_at FROM duroxide.sessions WHERE session_id = $1`, id)
 	require.NoError(h.t, err)

@@ -24,7 +24,7 @@ import (
 func TestKVDelta(t *testing.T) {
 	t.Parallel()
 	eachLaterTarget(t, 20, 0, func(t *testing.T, tg laterTarget) {
-		fresh := laterSuite(t, tg)
+		fresh := sharedSuite(t, tg.open(t))
 		kvDeltaCatalogClaims(t, fresh)
 		kvDeltaAckClaims(t, fresh)
 		kvDeltaMergeClaims(t, fresh)
@@ -33,7 +33,7 @@ func TestKVDelta(t *testing.T) {
 	})
 }
 
-func kvDeltaCatalogClaims(t *testing.T, fresh func(t *testing.T) *v19) {
+func kvDeltaCatalogClaims(t *testing.T, fresh func(t *testing.T) *schemaDB) {
 	// Claim 1.
 	t.Run("kv_delta has exactly instance_id, key, value, last_updated_at_ms and only its primary key", func(t *testing.T) {
 		h := fresh(t)
@@ -69,10 +69,10 @@ func kvDeltaCatalogClaims(t *testing.T, fresh func(t *testing.T) *v19) {
 type kvUpgrade struct {
 	name string
 	// before gives t a database at the state 0020 is applied to.
-	before func(t *testing.T) *v19
+	before func(t *testing.T) *schemaDB
 	// apply applies 0020 (and, for the real provider, whatever its runner
 	// applies with it).
-	apply func(t *testing.T, h *v19)
+	apply func(t *testing.T, h *schemaDB)
 }
 
 // kvUpgrades are the real provider's runner adopting a pack database at
@@ -83,11 +83,11 @@ func kvUpgrades() []kvUpgrade {
 	_, version, _ := strings.Cut(upstream.AddonPackage, "@")
 	out := []kvUpgrade{{
 		name: fmt.Sprintf("upstream %s over pack %04d", version, migrations.LastContiguousPort()),
-		before: func(t *testing.T) *v19 {
+		before: func(t *testing.T) *schemaDB {
 			upstream.Require(t)
 			return newAtVersion(t, migrations.LastContiguousPort())
 		},
-		apply: func(t *testing.T, h *v19) {
+		apply: func(t *testing.T, h *schemaDB) {
 			require.NoError(t, upstream.Require(t).Migrate(context.Background(), h.db.DSN, h.db.Schema))
 			require.Equal(t, []string{"20", "21", "23"},
 				h.texts(`SELECT version::text FROM duroxide._duroxide_migrations WHERE version > 19 ORDER BY version`),
@@ -106,8 +106,8 @@ func kvUpgrades() []kvUpgrade {
 	}
 	return append(out, kvUpgrade{
 		name:   fmt.Sprintf("pack %04d over %04d", port.Version, prev),
-		before: func(t *testing.T) *v19 { return newAtVersion(t, prev) },
-		apply: func(t *testing.T, h *v19) {
+		before: func(t *testing.T) *schemaDB { return newAtVersion(t, prev) },
+		apply: func(t *testing.T, h *schemaDB) {
 			_, err := h.db.Runner(t).UpTo(context.Background(), port.Version)
 			require.NoError(t, err)
 		},
@@ -149,7 +149,7 @@ func TestKVDeltaMigrationLeavesTheRestAlone(t *testing.T) {
 				require.Len(t, fnBefore, 2)
 				require.Contains(t, shapeBefore, "execution_id bigint true")
 				require.Contains(t, shapeBefore, "CREATE INDEX idx_kv_store_execution ON duroxide.kv_store USING btree (instance_id, execution_id)")
-				require.Equal(t, []string{"i1 a 1 1 1700000000005", "i1 b 2 1 1700000000006", "i2 x y 1 1700000000011", "i2 z w 2 1700000000021"}, rowsBefore)
+				require.Equal(t, []string{"i1 a 1 1 4100000000005", "i1 b 2 1 4100000000006", "i2 x y 1 4100000000011", "i2 z w 2 4100000000021"}, rowsBefore)
 
 				up.apply(t, h)
 
@@ -162,7 +162,7 @@ func TestKVDeltaMigrationLeavesTheRestAlone(t *testing.T) {
 	}
 }
 
-func kvDeltaAckClaims(t *testing.T, fresh func(t *testing.T) *v19) {
+func kvDeltaAckClaims(t *testing.T, fresh func(t *testing.T) *schemaDB) {
 	now := clock0 + 1_000
 	ackTs := now + 1 // turnErr acks at now+1
 
@@ -371,7 +371,7 @@ func kvDeltaAckClaims(t *testing.T, fresh func(t *testing.T) *v19) {
 	})
 }
 
-func kvDeltaMergeClaims(t *testing.T, fresh func(t *testing.T) *v19) {
+func kvDeltaMergeClaims(t *testing.T, fresh func(t *testing.T) *schemaDB) {
 	now := clock0 + 1_000
 
 	// Claim 16.
@@ -508,7 +508,7 @@ func kvDeltaMergeClaims(t *testing.T, fresh func(t *testing.T) *v19) {
 	})
 }
 
-func kvDeltaReadClaims(t *testing.T, fresh func(t *testing.T) *v19) {
+func kvDeltaReadClaims(t *testing.T, fresh func(t *testing.T) *schemaDB) {
 	// Claim 24.
 	t.Run("get_kv_value reads the delta first: live (v, true), tombstone (NULL, false) over the store, store (v, true), else (NULL, false), always one row", func(t *testing.T) {
 		h := fresh(t)
@@ -566,7 +566,7 @@ func kvDeltaReadClaims(t *testing.T, fresh func(t *testing.T) *v19) {
 	})
 }
 
-func kvDeltaDeleteClaims(t *testing.T, fresh func(t *testing.T) *v19) {
+func kvDeltaDeleteClaims(t *testing.T, fresh func(t *testing.T) *schemaDB) {
 	// Claim 34.
 	t.Run("delete_instances_atomic removes the listed instances' kv_delta rows without changing any returned count", func(t *testing.T) {
 		h := fresh(t)

@@ -33,7 +33,7 @@ type laterTarget struct {
 	// 0021 on, 23 for the real provider).
 	level int64
 	// open gives t a database of its own of this kind.
-	open func(t *testing.T) *v19
+	open func(t *testing.T) *schemaDB
 }
 
 // laterTargets lists the targets whose level is in [from, to] (to 0: no
@@ -60,7 +60,7 @@ func laterTargets(from, to int64) []laterTarget {
 		out = append(out, laterTarget{
 			name:  fmt.Sprintf("pack %04d", v),
 			level: migrations.UpstreamAt(v),
-			open:  func(t *testing.T) *v19 { t.Helper(); return newAtVersion(t, v) },
+			open:  func(t *testing.T) *schemaDB { t.Helper(); return newAtVersion(t, v) },
 		})
 	}
 	return out
@@ -68,12 +68,12 @@ func laterTargets(from, to int64) []laterTarget {
 
 // openUpstream gives t an empty database into which the real provider's own
 // runner applied upstream's migrations (skipping t when it is missing).
-func openUpstream(t *testing.T) *v19 {
+func openUpstream(t *testing.T) *schemaDB {
 	t.Helper()
 	p := upstream.Require(t)
 	db := dbs.New(t, 0)
 	require.NoError(t, p.Migrate(context.Background(), db.DSN, db.Schema))
-	return &v19{t: t, db: db, pool: db.PgxPool(t)}
+	return &schemaDB{t: t, db: db, pool: db.PgxPool(t)}
 }
 
 // eachLaterTarget runs body once per target of level in [from, to], each as
@@ -85,22 +85,6 @@ func eachLaterTarget(t *testing.T, from, to int64, body func(t *testing.T, tg la
 			t.Parallel()
 			body(t, tg)
 		})
-	}
-}
-
-// laterSuite is newV19Suite for a later target: one database of that kind
-// for the subtests of t, every table (kv_delta included) emptied before
-// each subtest.
-func laterSuite(t *testing.T, tg laterTarget) (fresh func(t *testing.T) *v19) {
-	t.Helper()
-	shared := tg.open(t)
-	return func(st *testing.T) *v19 {
-		st.Helper()
-		_, err := shared.pool.Exec(shared.ctx(), `TRUNCATE duroxide.orchestrator_queue, duroxide.worker_queue,
-			duroxide.instance_locks, duroxide.instances, duroxide.executions, duroxide.history,
-			duroxide.kv_store, duroxide.kv_delta, duroxide.sessions`)
-		require.NoError(st, err, "empty the tables")
-		return shared.on(st)
 	}
 }
 
@@ -116,7 +100,7 @@ func kvMeta(t *testing.T, status any, mutations ...any) json.RawMessage {
 // turnErr runs one turn of instance: a message enqueued at now, fetched at
 // now and acked with tr at now+1 (the ack's p_now_ms). It returns the
 // lease's token and the ack's error.
-func (h *v19) turnErr(instance string, now int64, tr turn) (string, error) {
+func (h *schemaDB) turnErr(instance string, now int64, tr turn) (string, error) {
 	h.t.Helper()
 	h.enqueueOrch(instance, externalItem(instance, "tick"), now)
 	it := h.mustFetchOrch(now, instance)
@@ -141,7 +125,7 @@ func histDelta(t *testing.T, events ...hist) json.RawMessage {
 
 // instanceWith creates instance (execution 1, Running) with exactly the
 // given history rows, in one ack at now+1.
-func (h *v19) instanceWith(instance string, now int64, events ...hist) {
+func (h *schemaDB) instanceWith(instance string, now int64, events ...hist) {
 	h.t.Helper()
 	h.enqueueOrch(instance, startItem(instance, "P", "1.0.0", 1), now)
 	it := h.mustFetchOrch(now, instance)
@@ -159,7 +143,7 @@ type deltaRow struct {
 	UpdatedAt int64
 }
 
-func (h *v19) kvDelta(instance string) []deltaRow {
+func (h *schemaDB) kvDelta(instance string) []deltaRow {
 	h.t.Helper()
 	rows, err := h.pool.Query(h.ctx(), `SELECT key, value, last_updated_at_ms FROM duroxide.kv_delta
 		WHERE instance_id = $1 ORDER BY key`, instance)
@@ -183,7 +167,7 @@ type storeRow struct {
 	UpdatedAt   int64
 }
 
-func (h *v19) kvStore(instance string) []storeRow {
+func (h *schemaDB) kvStore(instance string) []storeRow {
 	h.t.Helper()
 	rows, err := h.pool.Query(h.ctx(), `SELECT key, value, execution_id, last_updated_at_ms FROM duroxide.kv_store
 		WHERE instance_id = $1 ORDER BY key`, instance)
@@ -201,7 +185,7 @@ func (h *v19) kvStore(instance string) []storeRow {
 
 // seedStore writes kv_store rows directly: the state as of the instance's
 // last terminal turn.
-func (h *v19) seedStore(instance string, executionID, updatedAt int64, keyValues ...string) {
+func (h *schemaDB) seedStore(instance string, executionID, updatedAt int64, keyValues ...string) {
 	h.t.Helper()
 	require.Zero(h.t, len(keyValues)%2, "seedStore takes key/value pairs")
 	for i := 0; i < len(keyValues); i += 2 {
@@ -211,7 +195,7 @@ func (h *v19) seedStore(instance string, executionID, updatedAt int64, keyValues
 }
 
 // seedDelta writes one kv_delta row directly (value nil: a tombstone).
-func (h *v19) seedDelta(instance, key string, value *string, updatedAt int64) {
+func (h *schemaDB) seedDelta(instance, key string, value *string, updatedAt int64) {
 	h.t.Helper()
 	h.exec(`INSERT INTO duroxide.kv_delta (instance_id, key, value, last_updated_at_ms) VALUES ($1, $2, $3, $4)`,
 		instance, key, value, updatedAt)
@@ -230,7 +214,7 @@ type kvValue struct {
 }
 
 // getKVValue returns every row get_kv_value gives (nil arguments: NULL).
-func (h *v19) getKVValue(instance, key any) []kvValue {
+func (h *schemaDB) getKVValue(instance, key any) []kvValue {
 	h.t.Helper()
 	rows, err := h.pool.Query(h.ctx(), `SELECT out_value, out_found FROM duroxide.get_kv_value($1, $2)`, instance, key)
 	require.NoError(h.t, err)
@@ -248,7 +232,7 @@ func (h *v19) getKVValue(instance, key any) []kvValue {
 // getKVAll returns get_kv_all_values' rows as key → value, requiring that
 // no value is NULL and no key repeats (the provider collects a HashMap of
 // (String, String)).
-func (h *v19) getKVAll(instance any) map[string]string {
+func (h *schemaDB) getKVAll(instance any) map[string]string {
 	h.t.Helper()
 	rows, err := h.pool.Query(h.ctx(), `SELECT out_key, out_value FROM duroxide.get_kv_all_values($1)`, instance)
 	require.NoError(h.t, err)
@@ -276,7 +260,7 @@ type instanceStats struct {
 	KVBytes      int64
 }
 
-func (h *v19) instanceStatsErr(instance any) ([]instanceStats, error) {
+func (h *schemaDB) instanceStatsErr(instance any) ([]instanceStats, error) {
 	rows, err := h.pool.Query(h.ctx(), `SELECT out_found, out_history_event_count, out_history_size_bytes,
 		out_queue_pending_count, out_kv_user_key_count, out_kv_total_value_bytes FROM duroxide.get_instance_stats($1)`, instance)
 	if err != nil {
@@ -295,7 +279,7 @@ func (h *v19) instanceStatsErr(instance any) ([]instanceStats, error) {
 }
 
 // stats requires get_instance_stats to return exactly one row and returns it.
-func (h *v19) stats(instance any) instanceStats {
+func (h *schemaDB) stats(instance any) instanceStats {
 	h.t.Helper()
 	rows, err := h.instanceStatsErr(instance)
 	require.NoError(h.t, err)
@@ -317,7 +301,7 @@ func systemStats(rows []instanceStats) *instanceStats {
 
 // schemaFunctions lists every function of schema duroxide as
 // name(argtypes), sorted.
-func (h *v19) schemaFunctions() []string {
+func (h *schemaDB) schemaFunctions() []string {
 	h.t.Helper()
 	return h.texts(`SELECT p.proname || '(' || replace(pg_catalog.oidvectortypes(p.proargtypes), ' ', '') || ')'
 		FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
@@ -327,7 +311,7 @@ func (h *v19) schemaFunctions() []string {
 // schemaRelations lists every relation of schema duroxide (any kind) as
 // "name kind", sorted, except goose's own bookkeeping table and sequence,
 // which belong to the pack's runner, not to duroxide-pg.
-func (h *v19) schemaRelations() []string {
+func (h *schemaDB) schemaRelations() []string {
 	h.t.Helper()
 	return h.texts(`SELECT c.relname || ' ' || c.relkind::text
 		FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace

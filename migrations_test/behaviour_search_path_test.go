@@ -71,7 +71,7 @@ func testFunctionsIgnoreTheCallersSearchPath(t *testing.T, version int64) {
 	}
 
 	// requireRealTablesUsed checks the effects of run landed in duroxide.*.
-	requireRealTablesUsed := func(t *testing.T, h *v19) {
+	requireRealTablesUsed := func(t *testing.T, h *schemaDB) {
 		require.EqualValues(t, 1, h.count("instances", "instance_id = 'order-1'"))
 		require.EqualValues(t, 1, h.count("executions", "instance_id = 'order-1'"))
 		require.EqualValues(t, 1, h.count("history", "instance_id = 'order-1'"))
@@ -108,7 +108,7 @@ func testFunctionsIgnoreTheCallersSearchPath(t *testing.T, version int64) {
 		require.Equal(t, "999|decoy|t|t|0", decoy, "the decoy message is untouched and alone")
 		require.NoError(t, conn.QueryRow(ctx, `SELECT format('%s|%s|%s|%s', instance_id, lock_token, locked_until, locked_at)
 			FROM public.instance_locks`).Scan(&decoy))
-		require.Equal(t, "order-1|lock_decoy|1701000000000|1700000000000", decoy, "the decoy lease is untouched and alone")
+		require.Equal(t, "order-1|lock_decoy|4101000000000|4100000000000", decoy, "the decoy lease is untouched and alone")
 		require.NoError(t, conn.QueryRow(ctx, `SELECT format('%s|%s|%s', id, lock_token IS NULL, attempt_count) FROM public.worker_queue`).Scan(&decoy))
 		require.Equal(t, "999|t|0", decoy)
 		for _, table := range decoyTables {

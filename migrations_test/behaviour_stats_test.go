@@ -21,7 +21,7 @@ import (
 func TestInstanceStats(t *testing.T) {
 	t.Parallel()
 	eachLaterTarget(t, 20, 0, func(t *testing.T, tg laterTarget) {
-		fresh := laterSuite(t, tg)
+		fresh := sharedSuite(t, tg.open(t))
 		if tg.level >= 21 {
 			instanceStatsClaims(t, fresh)
 			cleanupSchemaAt21Claims(t, fresh)
@@ -31,7 +31,7 @@ func TestInstanceStats(t *testing.T) {
 	})
 }
 
-func instanceStatsClaims(t *testing.T, fresh func(t *testing.T) *v19) {
+func instanceStatsClaims(t *testing.T, fresh func(t *testing.T) *schemaDB) {
 	// Claim 27.
 	t.Run("get_instance_stats of an unknown instance or NULL returns (false,0,0,0,0,0), which the provider maps to None", func(t *testing.T) {
 		h := fresh(t)
@@ -180,7 +180,7 @@ func instanceStatsClaims(t *testing.T, fresh func(t *testing.T) *v19) {
 }
 
 // populateForCleanup leaves rows in every KV table.
-func populateForCleanup(h *v19) {
+func populateForCleanup(h *schemaDB) {
 	h.startInstance("i1", "P", "1.0.0", clock0, "kv_mutations", []any{kvSet("a", "1", clock0)})
 	h.nextTurn("i1", clock0+10, turn{Meta: kvMeta(h.t, "Completed")})
 	h.startInstance("i2", "P", "1.0.0", clock0+20)
@@ -190,7 +190,7 @@ func populateForCleanup(h *v19) {
 }
 
 // cleanupSchemaAt21Claims empties the schema: it must come last.
-func cleanupSchemaAt21Claims(t *testing.T, fresh func(t *testing.T) *v19) {
+func cleanupSchemaAt21Claims(t *testing.T, fresh func(t *testing.T) *schemaDB) {
 	// Claim 35 (at 21).
 	t.Run("cleanup_schema at 21 leaves only the four legacy functions and no relations", func(t *testing.T) {
 		h := fresh(t)
@@ -206,7 +206,7 @@ func cleanupSchemaAt21Claims(t *testing.T, fresh func(t *testing.T) *v19) {
 }
 
 // cleanupSchemaAt20Claims empties the schema: it must come last.
-func cleanupSchemaAt20Claims(t *testing.T, fresh func(t *testing.T) *v19) {
+func cleanupSchemaAt20Claims(t *testing.T, fresh func(t *testing.T) *schemaDB) {
 	// Claim 35 (at 20).
 	t.Run("cleanup_schema at 20 drops kv_delta, get_kv_value and get_kv_all_values", func(t *testing.T) {
 		h := fresh(t)

@@ -25,7 +25,7 @@ import (
 func TestVersionFilterPacksInBigint(t *testing.T) {
 	t.Parallel()
 	const packed = 2_148_000_000 // 2148.0.0, above 2^31-1
-	try := func(h *v19) (*orchItem, error) {
+	try := func(h *schemaDB) (*orchItem, error) {
 		h.startInstance("far-future", "P", "1.0.0", clock0, "pinned_duroxide_version", pinVersion(2148, 0, 0))
 		h.enqueueOrch("far-future", externalItem("far-future", "go"), clock0+100)
 		return h.fetchOrchErr(clock0+1_000, lockMs, packed, packed)

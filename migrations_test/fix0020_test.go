@@ -16,10 +16,14 @@ import (
 	"github.com/duroxide-pg/migrations/harness/sim/orch"
 	"github.com/duroxide-pg/migrations/harness/sim/repro"
 	"github.com/duroxide-pg/migrations/harness/testenv/testdb"
+	migrations "github.com/duroxide-pg/migrations/sql"
 )
 
+// unfixed and fixVersion are the pack's fix of fetch_orchestration_item and
+// the version just before it, read from sql/.
+var unfixed, fixVersion = migrations.FetchFix()
+
 const (
-	fixVersion    = 20
 	leaseTimeout  = 5000 // ms, the runtime's default orchestrator lock timeout
 	leaseSlackMs  = 100  // allowed for returning the row to the caller
 	contendedWait = 2 * leaseTimeout * time.Millisecond
@@ -385,7 +389,7 @@ func TestV20UncontendedFetchMatchesV19(t *testing.T) {
 			t.Run(sc.name+"/"+f.name, func(t *testing.T) {
 				t.Parallel()
 				var results [2]string
-				for i, v := range []int64{19, fixVersion} {
+				for i, v := range []int64{unfixed, fixVersion} {
 					b := setupFix(t, v)
 					sc.setup(t, b)
 					filter := f.filter
@@ -476,16 +480,16 @@ func TestV20KeepsTheCatalogOfV19AndLeavesUpstreamBookkeepingAlone(t *testing.T) 
 	t.Parallel()
 	b := setupFix(t, fixVersion)
 	r := b.db.Runner(t)
-	requireSameCatalog(t, upstreamCatalog(t, 19), takeCatalog(t, r), "at 0020 (same signature as 0019)")
+	requireSameCatalog(t, upstreamCatalog(t, unfixed), takeCatalog(t, r), "at 0020 (same signature as 0019)")
 	var maxVersion int64
 	require.NoError(t, b.pool.QueryRow(context.Background(), "SELECT max(version) FROM "+b.db.Qualify("_duroxide_migrations")).Scan(&maxVersion))
-	require.Equal(t, int64(19), maxVersion, "0020 must not claim upstream's version 20")
+	require.Equal(t, migrations.UpstreamAt(unfixed), maxVersion, "0020 must not claim upstream's version 20")
 }
 
 func TestV20DownRestoresV19AndTheBugReturns(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	at19 := setupFix(t, 19)
+	at19 := setupFix(t, unfixed)
 	want, err := catalog.Bodies(ctx, at19.db.Runner(t).DB(), at19.db.Schema)
 	require.NoError(t, err)
 
@@ -494,14 +498,14 @@ func TestV20DownRestoresV19AndTheBugReturns(t *testing.T) {
 	fixed, err := catalog.Bodies(ctx, r.DB(), r.Schema())
 	require.NoError(t, err)
 	require.NotEqual(t, want, fixed, "0020 must change fetch_orchestration_item")
-	_, err = r.DownTo(ctx, 19)
+	_, err = r.DownTo(ctx, unfixed)
 	require.NoError(t, err)
 	got, err := catalog.Bodies(ctx, r.DB(), r.Schema())
 	require.NoError(t, err)
 	require.Equal(t, want, got, "after down to 19 every function body is 0019's")
 
 	for _, br := range branches {
-		res, err := repro.Minimal(ctx, b.pool, b.db.Schema, 19, repro.MinimalConfig{Filter: br.filter})
+		res, err := repro.Minimal(ctx, b.pool, b.db.Schema, unfixed, repro.MinimalConfig{Filter: br.filter})
 		require.NoError(t, err)
 		require.True(t, res.Bug(), "%s: at 19 again, a 10 s stale p_now_ms must give a dead lease and a refused ack: %+v", br.name, res)
 		require.InDelta(t, -5000, res.RemainingMs, 1000)
@@ -537,7 +541,7 @@ func TestV19OnTheInputsV20Rejects(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			b := setupFix(t, 19)
+			b := setupFix(t, unfixed)
 			b.enqueue(t, "x")
 			var token *string
 			err := b.pool.QueryRow(context.Background(), "SELECT out_lock_token FROM "+b.db.Qualify("fetch_orchestration_item")+"($1, $2, 0, 1029)",

@@ -35,7 +35,7 @@ func fixOf(t *testing.T, fn string) (before, fixed int64) {
 }
 
 // dbNowMs reads the database clock, in epoch ms.
-func (h *v19) dbNowMs() int64 {
+func (h *schemaDB) dbNowMs() int64 {
 	h.t.Helper()
 	var ms int64
 	h.scan(`SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint`, nil, &ms)
@@ -44,7 +44,7 @@ func (h *v19) dbNowMs() int64 {
 
 // workerLease is the stored lease of an item token, read with the database
 // clock in one statement.
-func (h *v19) workerLeaseLeft(token string) int64 {
+func (h *schemaDB) workerLeaseLeft(token string) int64 {
 	h.t.Helper()
 	var left int64
 	h.scan(`SELECT locked_until - floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint
@@ -54,7 +54,7 @@ func (h *v19) workerLeaseLeft(token string) int64 {
 
 // hold opens a transaction on a connection of its own, runs sql in it and
 // keeps it open until release (which t's cleanup also calls).
-func (h *v19) hold(sql string, args ...any) (release func()) {
+func (h *schemaDB) hold(sql string, args ...any) (release func()) {
 	h.t.Helper()
 	ctx := context.Background()
 	conn := h.db.Conn(h.t, "")
@@ -70,7 +70,7 @@ func (h *v19) hold(sql string, args ...any) (release func()) {
 
 // waitsOnALock reports whether a statement containing fragment is waiting
 // on a heavyweight lock (a row or a transaction) in h's database.
-func (h *v19) waitsOnALock(fragment string) bool {
+func (h *schemaDB) waitsOnALock(fragment string) bool {
 	var n int
 	err := h.pool.QueryRow(h.ctx(), `SELECT count(*) FROM pg_stat_activity
 		WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%' || $1 || '%'
@@ -81,12 +81,12 @@ func (h *v19) waitsOnALock(fragment string) bool {
 
 // fetchSession is a session-aware fetch of any tag, as the provider sends it
 // for a worker with a session config.
-func (h *v19) fetchSession(nowMs int64, owner string, sessionTimeoutMs int64) *workItem {
+func (h *schemaDB) fetchSession(nowMs int64, owner string, sessionTimeoutMs int64) *workItem {
 	h.t.Helper()
 	return h.fetchWork(nowMs, lockMs, owner, sessionTimeoutMs, []string{}, "any")
 }
 
-func (h *v19) ackWorker(token string, nowMs int64) error {
+func (h *schemaDB) ackWorker(token string, nowMs int64) error {
 	return h.try(`SELECT duroxide.ack_worker($1, NULL, NULL, $2)`, token, nowMs)
 }
 
@@ -144,13 +144,13 @@ func TestWorkerFetchNeverWaitsOnASessionRow(t *testing.T) {
 	before, fixed := fixOf(t, "fetch_work_item")
 	holders := []struct {
 		name string
-		hold func(h *v19, now int64) func()
+		hold func(h *schemaDB, now int64) func()
 	}{
-		{"holds the session row (as a renewal or an activity stamp does)", func(h *v19, now int64) func() {
+		{"holds the session row (as a renewal or an activity stamp does)", func(h *schemaDB, now int64) func() {
 			h.exec(`INSERT INTO duroxide.sessions VALUES ('s1', 'w0', $1, $1)`, now-1_000)
 			return h.hold(`SELECT 1 FROM duroxide.sessions WHERE session_id = 's1' FOR UPDATE`)
 		}},
-		{"is in a fetch that is creating the session row", func(h *v19, now int64) func() {
+		{"is in a fetch that is creating the session row", func(h *schemaDB, now int64) func() {
 			return h.hold(`SELECT * FROM duroxide.fetch_work_item($1, 5000, 'w0', 30000, '{}', 'any')`, now)
 		}},
 	}

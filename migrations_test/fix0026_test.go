@@ -23,12 +23,12 @@ type renewal struct {
 	// lease creates a lease that is live until untilMs and returns the SQL
 	// that row-locks it (as an ack, an abandon or a fetch would) and its
 	// arguments.
-	lease func(h *v19, nowMs, untilMs int64) (lockSQL string, lockArgs []any)
+	lease func(h *schemaDB, nowMs, untilMs int64) (lockSQL string, lockArgs []any)
 	// renew renews it with the caller's clock now and an extension of
 	// extendMs; renewed is false when the lease was not renewed.
-	renew func(h *v19, nowMs, extendMs int64) (renewed bool, err error)
+	renew func(h *schemaDB, nowMs, extendMs int64) (renewed bool, err error)
 	// until reads the lease's expiry.
-	until func(h *v19) int64
+	until func(h *schemaDB) int64
 	// refused is the error of a lease that is not live, for the functions
 	// that raise one.
 	refused string
@@ -38,20 +38,20 @@ func renewals() []renewal {
 	return []renewal{
 		{
 			fn: "renew_work_item_lock",
-			lease: func(h *v19, now, until int64) (string, []any) {
+			lease: func(h *schemaDB, now, until int64) (string, []any) {
 				h.enqueueWork(`{}`, now-60_000, "s1", nil)
 				w := h.fetchSession(now, "w1", 600_000)
 				require.NotNil(h.t, w)
 				h.exec(`UPDATE duroxide.worker_queue SET locked_until = $1`, until)
 				return `SELECT 1 FROM duroxide.worker_queue WHERE lock_token = $1 FOR UPDATE`, []any{w.Token}
 			},
-			renew: func(h *v19, now, extend int64) (bool, error) {
+			renew: func(h *schemaDB, now, extend int64) (bool, error) {
 				var token string
 				h.scan(`SELECT lock_token FROM duroxide.worker_queue`, nil, &token)
 				err := h.try(`SELECT duroxide.renew_work_item_lock($1, $2, $3)`, token, now, extend/1000)
 				return err == nil, err
 			},
-			until: func(h *v19) int64 {
+			until: func(h *schemaDB) int64 {
 				var until int64
 				h.scan(`SELECT locked_until FROM duroxide.worker_queue`, nil, &until)
 				return until
@@ -60,20 +60,20 @@ func renewals() []renewal {
 		},
 		{
 			fn: "renew_session_lock",
-			lease: func(h *v19, now, until int64) (string, []any) {
+			lease: func(h *schemaDB, now, until int64) (string, []any) {
 				h.exec(`INSERT INTO duroxide.sessions VALUES ('renewed', 'owner', $1, $2)`, until, now)
 				return `SELECT 1 FROM duroxide.sessions WHERE session_id = $1 FOR UPDATE`, []any{"renewed"}
 			},
-			renew: func(h *v19, now, extend int64) (bool, error) {
+			renew: func(h *schemaDB, now, extend int64) (bool, error) {
 				var n int64
 				err := h.pool.QueryRow(h.ctx(), `SELECT duroxide.renew_session_lock('{owner}', $1, $2, 600000)`, now, extend).Scan(&n)
 				return n == 1, err
 			},
-			until: func(h *v19) int64 { return h.session("renewed").LockedUntil },
+			until: func(h *schemaDB) int64 { return h.session("renewed").LockedUntil },
 		},
 		{
 			fn: "renew_orchestration_item_lock",
-			lease: func(h *v19, now, until int64) (string, []any) {
+			lease: func(h *schemaDB, now, until int64) (string, []any) {
 				h.enqueueOrch("i1", startItem("i1", "Demo", "1.0.0", 1), now-60_000)
 				item, err := h.fetchOrchErr(now, lockMs, nil, nil)
 				require.NoError(h.t, err)
@@ -82,13 +82,13 @@ func renewals() []renewal {
 				h.exec(`UPDATE duroxide.orchestrator_queue SET locked_until = $1`, until)
 				return `SELECT 1 FROM duroxide.instance_locks WHERE lock_token = $1 FOR UPDATE`, []any{item.Token}
 			},
-			renew: func(h *v19, now, extend int64) (bool, error) {
+			renew: func(h *schemaDB, now, extend int64) (bool, error) {
 				var token string
 				h.scan(`SELECT lock_token FROM duroxide.instance_locks`, nil, &token)
 				err := h.try(`SELECT duroxide.renew_orchestration_item_lock($1, $2, $3)`, token, now, extend/1000)
 				return err == nil, err
 			},
-			until: func(h *v19) int64 {
+			until: func(h *schemaDB) int64 {
 				var until, queued int64
 				h.scan(`SELECT l.locked_until, q.locked_until FROM duroxide.instance_locks l
 					JOIN duroxide.orchestrator_queue q ON q.lock_token = l.lock_token`, nil, &until, &queued)
@@ -104,7 +104,7 @@ func renewals() []renewal {
 // another transaction holds the lease's row, waits until the renewal waits
 // on it, keeps it waiting for renewalWait, releases the row and returns
 // the renewal's outcome.
-func renewWhileHeld(h *v19, r renewal, lockSQL string, lockArgs []any, now, extendMs int64) (bool, error) {
+func renewWhileHeld(h *schemaDB, r renewal, lockSQL string, lockArgs []any, now, extendMs int64) (bool, error) {
 	h.t.Helper()
 	release := h.hold(lockSQL, lockArgs...)
 	type outcome struct {

@@ -23,7 +23,7 @@ func TestEveryFixRefusesADefinitionItDoesNotKnow(t *testing.T) {
 				t.Parallel()
 				db := dbs.New(t, m.Version-1)
 				editByHand(t, db, fn)
-				h := &v19{t: t, db: db, pool: db.PgxPool(t)}
+				h := &schemaDB{t: t, db: db, pool: db.PgxPool(t)}
 				before := h.texts(`SELECT p.proname::text || md5(p.prosrc) FROM pg_proc p
 					WHERE p.pronamespace = $1::regnamespace ORDER BY 1`, db.Schema)
 

@@ -5,6 +5,7 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -147,13 +148,14 @@ func TestSQLScriptAdoptsARealProviderDatabaseLikeMigrate(t *testing.T) {
 // and run after the schema moved changes nothing.
 func TestSQLScriptRefusesADatabaseThatMoved(t *testing.T) {
 	t.Parallel()
-	db := dbs.New(t, 19)
+	bug, fix := migrations.FetchFix()
+	db := dbs.New(t, bug)
 	text := script(t, db, false, 0)
-	require.NoError(t, migrate.To(context.Background(), db.DSN, db.Schema, 20))
+	require.NoError(t, migrate.To(context.Background(), db.DSN, db.Schema, fix))
 	before := endState(t, db)
 	out, err := runPsql(t, db, text)
 	require.Error(t, err)
-	require.Contains(t, out, "is at goose version 20, not 19 as when this script was written; nothing was changed")
+	require.Contains(t, out, fmt.Sprintf("is at goose version %d, not %d as when this script was written; nothing was changed", fix, bug))
 	require.Equal(t, before, endState(t, db))
 	require.True(t, strings.Contains(text, "pg_advisory_xact_lock("), "it takes the runner's lock")
 }
