@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/duroxide-pg/migrations/harness/ops/migrate"
 	"github.com/duroxide-pg/migrations/harness/testenv/pgtest"
 )
 
@@ -198,4 +199,22 @@ func obtainServerWith(ctx context.Context, opts pgtest.Options) (*pgtest.Server,
 		return nil, usagef("%v", err)
 	}
 	return srv, nil
+}
+
+// migratedDatabase creates a database on srv, its name starting with
+// prefix, and migrates schema in it to version (nothing for version 0): the
+// database a command that works on one schema runs against. It returns the
+// database's DSN; the database goes when srv is closed.
+func migratedDatabase(ctx context.Context, srv *pgtest.Server, prefix, schema string, version int64) (string, error) {
+	name, err := srv.CreateDatabase(ctx, prefix, "")
+	if err != nil {
+		return "", err
+	}
+	dsn := srv.DSN(name)
+	if version > 0 {
+		if err := migrate.To(ctx, dsn, schema, version); err != nil {
+			return "", err
+		}
+	}
+	return dsn, nil
 }

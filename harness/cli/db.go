@@ -36,15 +36,9 @@ func runDB(ctx context.Context, env *Env, args []string) error {
 		return err
 	}
 	defer srv.Close(context.Background())
-	name, err := srv.CreateDatabase(ctx, "harness_", "")
+	dsn, err := migratedDatabase(ctx, srv, "harness_", migrate.DefaultSchema, *migrateTo)
 	if err != nil {
 		return err
-	}
-	dsn := srv.DSN(name)
-	if *migrateTo > 0 {
-		if err := migrate.To(ctx, dsn, migrate.DefaultSchema, *migrateTo); err != nil {
-			return err
-		}
 	}
 	fmt.Fprintf(env.Stderr, "harness: %s database ready; Ctrl-C stops it and removes everything\n", srv.Backend())
 	fmt.Fprintln(env.Stdout, dsn)

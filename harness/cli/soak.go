@@ -8,7 +8,6 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/duroxide-pg/migrations/harness/ops/migrate"
 	"github.com/duroxide-pg/migrations/harness/sim/faults"
 	"github.com/duroxide-pg/migrations/harness/sim/invariant"
 	"github.com/duroxide-pg/migrations/harness/testenv/pgtest"
@@ -62,13 +61,9 @@ func runSoak(ctx context.Context, env *Env, args []string) error {
 		return err
 	}
 	defer srv.Close(context.Background())
-	name, err := srv.CreateDatabase(ctx, "harness_soak_", "")
-	if err != nil {
-		return err
-	}
-	dbDSN := srv.DSN(name)
 	const schema = "duroxide_soak"
-	if err := migrate.To(ctx, dbDSN, schema, *version); err != nil {
+	dbDSN, err := migratedDatabase(ctx, srv, "harness_soak_", schema, *version)
+	if err != nil {
 		return err
 	}
 

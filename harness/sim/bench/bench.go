@@ -40,6 +40,7 @@ import (
 
 	"github.com/duroxide-pg/migrations/harness/ops/migrate"
 	"github.com/duroxide-pg/migrations/harness/sim/dispatch"
+	"github.com/duroxide-pg/migrations/harness/sim/simconfig"
 	"github.com/duroxide-pg/migrations/harness/testenv/pgtest"
 	migrations "github.com/duroxide-pg/migrations/sql"
 )
@@ -290,8 +291,8 @@ type prepared struct {
 // end), migrates and seeds one schema per scenario and version, then runs
 // the rounds. progress, when not nil, is called before every step.
 func Run(ctx context.Context, srv *pgtest.Server, cfg Config, progress func(Progress)) (Result, error) {
-	cfg = cfg.WithDefaults()
-	if err := cfg.Validate(); err != nil {
+	cfg, err := simconfig.Ready(cfg)
+	if err != nil {
 		return Result{}, err
 	}
 	if progress == nil {
@@ -470,20 +471,23 @@ func cells(cfg Config, before, after int64) []Cell {
 }
 
 func backlogConfig(cfg Config, n int) dispatch.Config {
-	return dispatch.Config{Dispatchers: n, Instances: cfg.BacklogInstances, HistoryEvents: cfg.BacklogHistory,
-		EventBytes: cfg.EventBytes, LockTimeout: cfg.BacklogLockTimeout, PollInterval: cfg.PollInterval, Duration: cfg.Duration}
+	return dispatch.Config{
+		Run:         simconfig.Run{LockTimeout: cfg.BacklogLockTimeout, PollInterval: cfg.PollInterval, Duration: cfg.Duration},
+		Dispatchers: n, Instances: cfg.BacklogInstances, HistoryEvents: cfg.BacklogHistory, EventBytes: cfg.EventBytes}
 }
 
 func hotConfig(cfg Config) dispatch.Config {
-	return dispatch.Config{Dispatchers: cfg.HotDispatchers, Instances: 1, HistoryEvents: cfg.HotHistory,
-		EventBytes: cfg.EventBytes, LockTimeout: cfg.HotLockTimeout, PollInterval: cfg.PollInterval, Duration: cfg.Duration}
+	return dispatch.Config{
+		Run:         simconfig.Run{LockTimeout: cfg.HotLockTimeout, PollInterval: cfg.PollInterval, Duration: cfg.Duration},
+		Dispatchers: cfg.HotDispatchers, Instances: 1, HistoryEvents: cfg.HotHistory, EventBytes: cfg.EventBytes}
 }
 
 // queueConfig seeds one event per instance (dispatch.Seed's minimum), which
 // prep then deletes: the instances run without history.
 func queueConfig(cfg Config, n int) dispatch.Config {
-	return dispatch.Config{Dispatchers: n, Instances: cfg.QueueInstances, HistoryEvents: 1,
-		EventBytes: 1, LockTimeout: cfg.QueueLockTimeout, PollInterval: cfg.PollInterval, Duration: cfg.Duration}
+	return dispatch.Config{
+		Run:         simconfig.Run{LockTimeout: cfg.QueueLockTimeout, PollInterval: cfg.PollInterval, Duration: cfg.Duration},
+		Dispatchers: n, Instances: cfg.QueueInstances, HistoryEvents: 1, EventBytes: 1}
 }
 
 func migrateSchema(ctx context.Context, dsn, schema string, version int64) error {

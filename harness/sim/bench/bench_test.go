@@ -198,13 +198,6 @@ func TestReportRendering(t *testing.T) {
 	}
 }
 
-func TestNiceStep(t *testing.T) {
-	require.Equal(t, 1.0, niceStep(0))
-	require.Equal(t, 20.0, niceStep(13))
-	require.Equal(t, 50.0, niceStep(41))
-	require.InDelta(t, 0.5, niceStep(0.31), 1e-9)
-}
-
 func TestConfigValidate(t *testing.T) {
 	require.NoError(t, Defaults().Validate())
 	c := Defaults()

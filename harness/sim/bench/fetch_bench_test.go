@@ -10,6 +10,7 @@ import (
 
 	"github.com/duroxide-pg/migrations/harness/sim/dispatch"
 	"github.com/duroxide-pg/migrations/harness/sim/orch"
+	"github.com/duroxide-pg/migrations/harness/sim/simconfig"
 )
 
 // BenchmarkFetchUncontended times one fetch_orchestration_item call, on
@@ -34,7 +35,7 @@ func BenchmarkFetchUncontended(b *testing.B) {
 		if err := migrateSchema(ctx, dsn, schema, v); err != nil {
 			b.Fatal(err)
 		}
-		if _, err := dispatch.Seed(ctx, dsn, dispatch.Config{Schema: schema, Instances: 1, HistoryEvents: 500, EventBytes: 250}); err != nil {
+		if _, err := dispatch.Seed(ctx, dsn, dispatch.Config{Run: simconfig.Run{Schema: schema}, Instances: 1, HistoryEvents: 500, EventBytes: 250}); err != nil {
 			b.Fatal(err)
 		}
 		b.Run(fmt.Sprintf("v%d", v), func(b *testing.B) {

@@ -10,6 +10,8 @@ import (
 	"path/filepath"
 	"strings"
 	"text/tabwriter"
+
+	"github.com/duroxide-pg/migrations/harness/sim/axis"
 )
 
 // Files WriteReport writes.
@@ -346,7 +348,7 @@ func ThroughputSVG(w io.Writer, r *Result) error {
 			}
 		}
 	}
-	step := niceStep(maxV / 5)
+	step := axis.Step(maxV / 5)
 	top_ := math.Max(step, math.Ceil(maxV/step)*step)
 	px := func(n int) float64 { return left + (width-left-right)*float64(n)/float64(maxN) }
 	py := func(v float64) float64 { return height - bot - (height-top-bot)*v/top_ }
@@ -407,18 +409,4 @@ func ThroughputSVG(w io.Writer, r *Result) error {
 	b.WriteString("</svg>\n")
 	_, err := w.Write(b.Bytes())
 	return err
-}
-
-// niceStep rounds a grid step up to 1, 2 or 5 times a power of ten.
-func niceStep(x float64) float64 {
-	if x <= 0 {
-		return 1
-	}
-	p := math.Pow(10, math.Floor(math.Log10(x)))
-	for _, m := range []float64{1, 2, 5, 10} {
-		if m*p >= x {
-			return m * p
-		}
-	}
-	return 10 * p
 }

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/duroxide-pg/migrations/harness/sim/simconfig"
 	"github.com/duroxide-pg/migrations/harness/sim/worker"
 )
 
@@ -72,8 +73,9 @@ func (c *WorkerCell) Name() string {
 
 // workerCellConfig is the simulation of one worker cell.
 func workerCellConfig(cfg Config, schema string, n, sessions int) worker.Config {
-	return worker.Config{Schema: schema, Runtimes: 1, Slots: n, Items: cfg.WorkerItems, Sessions: sessions, Refill: true,
-		LockTimeout: cfg.WorkerLockTimeout, PollInterval: cfg.PollInterval, Duration: cfg.Duration, NoLeaseRead: true}
+	return worker.Config{
+		Run:      simconfig.Run{Schema: schema, LockTimeout: cfg.WorkerLockTimeout, PollInterval: cfg.PollInterval, Duration: cfg.Duration},
+		Runtimes: 1, Slots: n, Items: cfg.WorkerItems, Sessions: sessions, Refill: true, NoLeaseRead: true}
 }
 
 // workerSessions is the number of sessions of a worker cell with sessions:

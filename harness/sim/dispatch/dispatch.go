@@ -48,13 +48,16 @@ import (
 	"github.com/duroxide-pg/migrations/harness/sim/clock"
 	"github.com/duroxide-pg/migrations/harness/sim/defaults"
 	"github.com/duroxide-pg/migrations/harness/sim/orch"
+	"github.com/duroxide-pg/migrations/harness/sim/simconfig"
 )
 
 // Config describes a simulation. Zero fields take the defaults of
-// WithDefaults.
+// WithDefaults. Its LockTimeout (simconfig.Run) is the runtime's
+// orchestrator_lock_timeout, default 5 s (the runtime's; the organic
+// scenario uses much less), and its PollInterval is
+// dispatcher_min_poll_interval.
 type Config struct {
-	// Schema holds the duroxide-pg objects (required).
-	Schema string `json:"schema"`
+	simconfig.Run
 	// Dispatchers is the number of dispatcher loops (orchestration workers),
 	// each with its own connection. Default 16.
 	Dispatchers int `json:"dispatchers"`
@@ -67,15 +70,8 @@ type Config struct {
 	// EventBytes is the approximate size of each seeded event's JSON.
 	// Default 250.
 	EventBytes int `json:"event_bytes"`
-	// LockTimeout is the runtime's orchestrator_lock_timeout. Default 5 s
-	// (the runtime's); the organic scenario uses much less.
-	LockTimeout time.Duration `json:"lock_timeout_ns"`
-	// PollInterval is dispatcher_min_poll_interval. Default 100 ms.
-	PollInterval time.Duration `json:"poll_interval_ns"`
 	// TurnTime is how long a turn runs between fetch and ack. Default 0.
 	TurnTime time.Duration `json:"turn_time_ns"`
-	// Duration is how long Run lets the dispatchers work. Default 10 s.
-	Duration time.Duration `json:"duration_ns"`
 	// Skew spreads the dispatchers' clocks uniformly over [-Skew, +Skew]:
 	// dispatcher i of n runs -Skew + 2*Skew*i/(n-1) ahead of the wall clock.
 	// Default 0.
@@ -131,8 +127,8 @@ const (
 	DefaultHistoryEvents = 5000
 	DefaultEventBytes    = 250
 	DefaultLockTimeout   = 5 * time.Second
-	DefaultPollInterval  = 100 * time.Millisecond
-	DefaultDuration      = 10 * time.Second
+	DefaultPollInterval  = simconfig.DefaultPollInterval
+	DefaultDuration      = simconfig.DefaultDuration
 	DefaultMaxAttempts   = 10
 	DefaultShutdownGrace = time.Second
 )
@@ -143,9 +139,7 @@ func (c Config) WithDefaults() Config {
 	defaults.Set(&c.Instances, DefaultInstances)
 	defaults.Set(&c.HistoryEvents, DefaultHistoryEvents)
 	defaults.Set(&c.EventBytes, DefaultEventBytes)
-	defaults.Set(&c.LockTimeout, DefaultLockTimeout)
-	defaults.Set(&c.PollInterval, DefaultPollInterval)
-	defaults.Set(&c.Duration, DefaultDuration)
+	c.Run = c.Run.WithDefaults(DefaultLockTimeout)
 	defaults.Set(&c.MaxAttempts, DefaultMaxAttempts)
 	defaults.Set(&c.ShutdownGrace, DefaultShutdownGrace)
 	return c
@@ -153,11 +147,10 @@ func (c Config) WithDefaults() Config {
 
 // Validate rejects a config that cannot run.
 func (c Config) Validate() error {
+	if err := c.Run.Validate(); err != nil {
+		return fmt.Errorf("dispatch: %w", err)
+	}
 	switch {
-	case c.Schema == "":
-		return errors.New("dispatch: Config.Schema is empty")
-	case c.LockTimeout < time.Millisecond:
-		return fmt.Errorf("dispatch: LockTimeout %v is under 1 ms", c.LockTimeout)
 	case c.TurnTime < 0 || c.Skew < 0 || c.ShutdownGrace < 0:
 		return errors.New("dispatch: TurnTime, Skew and ShutdownGrace must not be negative")
 	}
@@ -204,8 +197,8 @@ func Run(ctx context.Context, dsn string, cfg Config) (*Log, error) {
 // RunLog is Run recording into a log the caller already holds (to watch it
 // while it runs).
 func RunLog(ctx context.Context, dsn string, cfg Config, log *Log) error {
-	cfg = cfg.WithDefaults()
-	if err := cfg.Validate(); err != nil {
+	cfg, err := simconfig.Ready(cfg)
+	if err != nil {
 		return err
 	}
 	if cfg.ConnectDSN != "" {
@@ -691,13 +684,32 @@ func (d *dispatcher) abandon(ctx context.Context, it *fetched, delay time.Durati
 		Messages: it.ids, Outcome: outcome(err)})
 }
 
-// startRenewal starts the renewal task of a turn (runtime-facts §1.4): the
-// first renewal one interval after the fetch, each extending to now + the
-// timeout in whole seconds, stopping for good at the first error. The
-// returned function stops it and waits for it.
+// startRenewal starts the renewal task of a turn (runtime-facts §1.4), see
+// StartRenewal.
 func (d *dispatcher) startRenewal(ctx context.Context, it *fetched) func() {
-	interval := RenewalInterval(d.cfg.LockTimeout)
-	extend := RenewExtendSecs(d.cfg.LockTimeout)
+	return StartRenewal(ctx, d.cfg.LockTimeout, func(rctx context.Context, extendSecs int64) (func(), error) {
+		t, err := d.call(rctx, KindRenew, func(conn *pgx.Conn, now int64) error {
+			return d.client.Renew(rctx, conn, it.LockToken, now, extendSecs)
+		})
+		return func() {
+			d.log.Add(Event{Dispatcher: d.id, Kind: KindRenew, Instance: it.InstanceID, Token: it.LockToken,
+				CallerBeforeMs: t.before, CallerAfterMs: t.after, LatencyUs: t.latencyUs, AttemptCount: it.AttemptCount,
+				Outcome: outcome(err)})
+		}, err
+	})
+}
+
+// StartRenewal starts the runtime's renewal task of a lease taken with
+// lock timeout timeout, as the dispatchers and the activity workers run it
+// (runtime-facts §1.4): the first renewal one RenewalInterval(timeout)
+// after the start, then one every interval, each asking for
+// RenewExtendSecs(timeout); it stops for good at the first error. renew
+// makes one renewal and returns how to record it; a renewal that fails
+// because the task is being stopped is not recorded. The returned function
+// stops the task and waits for it.
+func StartRenewal(ctx context.Context, timeout time.Duration, renew func(ctx context.Context, extendSecs int64) (record func(), err error)) (stop func()) {
+	interval := RenewalInterval(timeout)
+	extend := RenewExtendSecs(timeout)
 	rctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() {
@@ -710,15 +722,11 @@ func (d *dispatcher) startRenewal(ctx context.Context, it *fetched) func() {
 				return
 			case <-tick.C:
 			}
-			t, err := d.call(rctx, KindRenew, func(conn *pgx.Conn, now int64) error {
-				return d.client.Renew(rctx, conn, it.LockToken, now, extend)
-			})
+			record, err := renew(rctx, extend)
 			if rctx.Err() != nil && err != nil {
 				return
 			}
-			d.log.Add(Event{Dispatcher: d.id, Kind: KindRenew, Instance: it.InstanceID, Token: it.LockToken,
-				CallerBeforeMs: t.before, CallerAfterMs: t.after, LatencyUs: t.latencyUs, AttemptCount: it.AttemptCount,
-				Outcome: outcome(err)})
+			record()
 			if err != nil {
 				return
 			}

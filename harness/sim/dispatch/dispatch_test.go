@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/duroxide-pg/migrations/harness/sim/dispatch"
+	"github.com/duroxide-pg/migrations/harness/sim/simconfig"
 	"github.com/duroxide-pg/migrations/harness/testenv/pgtest"
 	"github.com/duroxide-pg/migrations/harness/testenv/testdb"
 )
@@ -157,7 +158,7 @@ func queryRow[T any](t *testing.T, dsn, sql string, args ...any) T {
 
 func TestSeedCreatesRunningInstances(t *testing.T) {
 	dsn, schema := newDB(t, 20)
-	cfg := dispatch.Config{Schema: schema, Instances: 3, HistoryEvents: 40, EventBytes: 250}
+	cfg := dispatch.Config{Run: simconfig.Run{Schema: schema}, Instances: 3, HistoryEvents: 40, EventBytes: 250}
 	info, err := dispatch.Seed(context.Background(), dsn, cfg)
 	require.NoError(t, err)
 	require.Equal(t, []string{"organic-0000", "organic-0001", "organic-0002"}, info.Instances)
@@ -188,8 +189,9 @@ func TestSeedCreatesRunningInstances(t *testing.T) {
 
 func TestNormalTurnsKeepInstancesHotAndConserveMessages(t *testing.T) {
 	dsn, schema := newDB(t, 20)
-	cfg := dispatch.Config{Schema: schema, Dispatchers: 3, Instances: 4, HistoryEvents: 20,
-		LockTimeout: 5 * time.Second, Duration: 1500 * time.Millisecond}
+	cfg := dispatch.Config{
+		Run:         simconfig.Run{Schema: schema, LockTimeout: 5 * time.Second, Duration: 1500 * time.Millisecond},
+		Dispatchers: 3, Instances: 4, HistoryEvents: 20}
 	info, err := dispatch.Seed(context.Background(), dsn, cfg)
 	require.NoError(t, err)
 	log, err := dispatch.Run(context.Background(), dsn, cfg)
@@ -235,8 +237,9 @@ func TestNormalTurnsKeepInstancesHotAndConserveMessages(t *testing.T) {
 
 func TestPoisonAckFailsTheOrchestrationLikeTheRuntime(t *testing.T) {
 	dsn, schema := newDB(t, 20)
-	cfg := dispatch.Config{Schema: schema, Dispatchers: 1, Instances: 1, HistoryEvents: 10,
-		LockTimeout: 5 * time.Second, Duration: 500 * time.Millisecond}
+	cfg := dispatch.Config{
+		Run:         simconfig.Run{Schema: schema, LockTimeout: 5 * time.Second, Duration: 500 * time.Millisecond},
+		Dispatchers: 1, Instances: 1, HistoryEvents: 10}
 	info, err := dispatch.Seed(context.Background(), dsn, cfg)
 	require.NoError(t, err)
 	conn, err := pgx.Connect(context.Background(), dsn)
@@ -294,8 +297,9 @@ func TestAnExpiredLeaseIsFailedOnceAndNeverAbandoned(t *testing.T) {
 	// A 100 ms lease and a 300 ms turn: the lease is gone at ack time (the
 	// renewal would come after 1 s, and would extend by 0 s anyway).
 	dsn, schema := newDB(t, 20)
-	cfg := dispatch.Config{Schema: schema, Dispatchers: 1, Instances: 1, HistoryEvents: 10,
-		LockTimeout: 100 * time.Millisecond, TurnTime: 300 * time.Millisecond, Duration: 1500 * time.Millisecond}
+	cfg := dispatch.Config{
+		Run:         simconfig.Run{Schema: schema, LockTimeout: 100 * time.Millisecond, Duration: 1500 * time.Millisecond},
+		Dispatchers: 1, Instances: 1, HistoryEvents: 10, TurnTime: 300 * time.Millisecond}
 	info, err := dispatch.Seed(context.Background(), dsn, cfg)
 	require.NoError(t, err)
 	log, err := dispatch.Run(context.Background(), dsn, cfg)
@@ -327,8 +331,9 @@ func TestAnExpiredLeaseIsFailedOnceAndNeverAbandoned(t *testing.T) {
 
 func TestRenewalKeepsALongTurnAlive(t *testing.T) {
 	dsn, schema := newDB(t, 20)
-	cfg := dispatch.Config{Schema: schema, Dispatchers: 2, Instances: 1, HistoryEvents: 10,
-		LockTimeout: 2 * time.Second, TurnTime: 2500 * time.Millisecond, Duration: 2 * time.Second}
+	cfg := dispatch.Config{
+		Run:         simconfig.Run{Schema: schema, LockTimeout: 2 * time.Second, Duration: 2 * time.Second},
+		Dispatchers: 2, Instances: 1, HistoryEvents: 10, TurnTime: 2500 * time.Millisecond}
 	_, err := dispatch.Seed(context.Background(), dsn, cfg)
 	require.NoError(t, err)
 	log, err := dispatch.Run(context.Background(), dsn, cfg)
@@ -342,8 +347,9 @@ func TestRenewalKeepsALongTurnAlive(t *testing.T) {
 
 func TestRunStopsCleanlyOnCancel(t *testing.T) {
 	dsn, schema := newDB(t, 20)
-	cfg := dispatch.Config{Schema: schema, Dispatchers: 6, Instances: 2, HistoryEvents: 10,
-		LockTimeout: time.Second, Duration: time.Minute}
+	cfg := dispatch.Config{
+		Run:         simconfig.Run{Schema: schema, LockTimeout: time.Second, Duration: time.Minute},
+		Dispatchers: 6, Instances: 2, HistoryEvents: 10}
 	_, err := dispatch.Seed(context.Background(), dsn, cfg)
 	require.NoError(t, err)
 	before := runtime.NumGoroutine()
@@ -375,8 +381,9 @@ func TestVersion19LeaseDeadOnArrivalWhenTheFetchOutlastsTheTimeout(t *testing.T)
 	// caller's clock before the call, so it arrives dead; the runtime's acks
 	// fail and attempt_count climbs past max_attempts.
 	dsn, schema := newDB(t, 19)
-	cfg := dispatch.Config{Schema: schema, Dispatchers: 1, Instances: 1, HistoryEvents: 5000,
-		LockTimeout: 10 * time.Millisecond, Duration: 2 * time.Second}
+	cfg := dispatch.Config{
+		Run:         simconfig.Run{Schema: schema, LockTimeout: 10 * time.Millisecond, Duration: 2 * time.Second},
+		Dispatchers: 1, Instances: 1, HistoryEvents: 5000}
 	_, err := dispatch.Seed(context.Background(), dsn, cfg)
 	require.NoError(t, err)
 	log, err := dispatch.Run(context.Background(), dsn, cfg)
@@ -413,8 +420,9 @@ func TestHooksSeeEveryCallAndACrashDropsTheLease(t *testing.T) {
 	var mu sync.Mutex
 	kinds := map[dispatch.Kind]int{}
 	connects, crashes := 0, 0
-	cfg := dispatch.Config{Schema: schema, Dispatchers: 1, Instances: 1, HistoryEvents: 10,
-		LockTimeout: 300 * time.Millisecond, PollInterval: 10 * time.Millisecond, Duration: 1500 * time.Millisecond,
+	cfg := dispatch.Config{
+		Run:         simconfig.Run{Schema: schema, LockTimeout: 300 * time.Millisecond, PollInterval: 10 * time.Millisecond, Duration: 1500 * time.Millisecond},
+		Dispatchers: 1, Instances: 1, HistoryEvents: 10,
 		Hooks: dispatch.Hooks{
 			Connect: func(ctx context.Context, _ int, c *pgx.ConnConfig) (*pgx.Conn, error) {
 				mu.Lock()
@@ -474,8 +482,9 @@ func TestALostConnectionIsReplacedAndTheAckRetried(t *testing.T) {
 	require.NoError(t, err)
 	defer admin.Close(context.Background())
 	killed, killErr := false, error(nil)
-	cfg := dispatch.Config{Schema: schema, Dispatchers: 1, Instances: 1, HistoryEvents: 10,
-		LockTimeout: 5 * time.Second, Duration: 500 * time.Millisecond,
+	cfg := dispatch.Config{
+		Run:         simconfig.Run{Schema: schema, LockTimeout: 5 * time.Second, Duration: 500 * time.Millisecond},
+		Dispatchers: 1, Instances: 1, HistoryEvents: 10,
 		Hooks: dispatch.Hooks{Call: func(_ int, kind dispatch.Kind, pid uint32) func(error, bool) {
 			if kind == dispatch.KindAck && !killed {
 				killed = true
@@ -514,7 +523,9 @@ func TestALostConnectionIsReplacedAndTheAckRetried(t *testing.T) {
 func TestRunWaitsForWhatRunsAlongsideAndReturnsItsError(t *testing.T) {
 	dsn, schema := newDB(t, 20)
 	finished := false
-	cfg := dispatch.Config{Schema: schema, Dispatchers: 1, Instances: 1, HistoryEvents: 10, Duration: 200 * time.Millisecond,
+	cfg := dispatch.Config{
+		Run:         simconfig.Run{Schema: schema, Duration: 200 * time.Millisecond},
+		Dispatchers: 1, Instances: 1, HistoryEvents: 10,
 		Hooks: dispatch.Hooks{During: func(ctx context.Context) error {
 			<-ctx.Done()
 			finished = true

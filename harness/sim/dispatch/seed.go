@@ -11,6 +11,7 @@ import (
 
 	"github.com/duroxide-pg/migrations/harness/sim/eventlog"
 	"github.com/duroxide-pg/migrations/harness/sim/orch"
+	"github.com/duroxide-pg/migrations/harness/sim/simconfig"
 )
 
 // SeedInfo is what Seed created.
@@ -33,8 +34,8 @@ func InstanceID(i int) string { return fmt.Sprintf("organic-%04d", i) }
 // ExternalSubscribed for EventName), and one visible ExternalRaised message
 // each (ids "m-0-<i>").
 func Seed(ctx context.Context, dsn string, cfg Config) (SeedInfo, error) {
-	cfg = cfg.WithDefaults()
-	if err := cfg.Validate(); err != nil {
+	cfg, err := simconfig.Ready(cfg)
+	if err != nil {
 		return SeedInfo{}, err
 	}
 	conn, err := pgx.Connect(ctx, dsn)

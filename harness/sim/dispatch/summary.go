@@ -63,8 +63,9 @@ type Summary struct {
 	Renewals       int     `json:"renewals"`
 	RenewalsFailed int     `json:"renewals_failed"`
 	Abandons       int     `json:"abandons"`
-	OtherErrors    int     `json:"other_errors"`
-	FirstError     string  `json:"first_error,omitempty"`
+	// OtherErrors counts the failed calls not counted above, FirstError
+	// is the first of them.
+	eventlog.ErrorTally
 
 	// MaxAttemptCount is the highest attempt_count a fetch returned;
 	// ExceededMaxAttempts says whether it exceeded MaxAttempts.
@@ -99,12 +100,7 @@ func Summarize(events []Event, elapsed time.Duration, maxAttempts int) Summary {
 	s := Summary{ElapsedS: elapsed.Seconds(), MaxAttempts: maxAttempts}
 	var remaining, age, lat, leaseLat []int64
 	deadOnArrival := map[string]bool{} // lease token -> dead on arrival
-	noteErr := func(e Event) {
-		s.OtherErrors++
-		if s.FirstError == "" {
-			s.FirstError = string(e.Kind) + ": " + e.Outcome
-		}
-	}
+	noteErr := func(e Event) { s.Note(string(e.Kind), e.Outcome) }
 	for _, e := range events {
 		switch e.Kind {
 		case KindFetch:

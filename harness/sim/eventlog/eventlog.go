@@ -81,6 +81,22 @@ func (l *Log[E]) Elapsed() time.Duration {
 	}
 }
 
+// ErrorTally counts the failed calls a summary has no count of its own
+// for, and keeps the first as "kind: outcome". A summary embeds it untagged
+// where its fields stand in the summary's JSON.
+type ErrorTally struct {
+	OtherErrors int    `json:"other_errors"`
+	FirstError  string `json:"first_error,omitempty"`
+}
+
+// Note counts one failed call of kind with outcome.
+func (t *ErrorTally) Note(kind, outcome string) {
+	t.OtherErrors++
+	if t.FirstError == "" {
+		t.FirstError = kind + ": " + outcome
+	}
+}
+
 // Percentile is the nearest-rank p-th percentile of sorted values (0 for
 // none).
 func Percentile(sorted []int64, p float64) int64 {

@@ -36,6 +36,7 @@ import (
 	"github.com/duroxide-pg/migrations/harness/sim/dispatch"
 	"github.com/duroxide-pg/migrations/harness/sim/invariant"
 	"github.com/duroxide-pg/migrations/harness/sim/orch"
+	"github.com/duroxide-pg/migrations/harness/sim/simconfig"
 )
 
 // Config describes one run: the dispatchers' (dispatch.Config, whose
@@ -173,8 +174,8 @@ type Checks struct {
 // The error is for a run that could not be made; violations are in
 // Result.Report.
 func Run(ctx context.Context, dsn string, cfg Config, checks Checks) (*Result, error) {
-	cfg = cfg.WithDefaults()
-	if err := cfg.Validate(); err != nil {
+	cfg, err := simconfig.Ready(cfg)
+	if err != nil {
 		return nil, err
 	}
 	seed, err := dispatch.Seed(ctx, dsn, cfg.Config)

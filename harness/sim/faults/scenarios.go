@@ -7,6 +7,7 @@ import (
 
 	"github.com/duroxide-pg/migrations/harness/sim/clock"
 	"github.com/duroxide-pg/migrations/harness/sim/dispatch"
+	"github.com/duroxide-pg/migrations/harness/sim/simconfig"
 )
 
 // Scenario is one named fault scenario.
@@ -25,8 +26,9 @@ const DefaultLockTimeout = 500 * time.Millisecond
 // base is the shape every scenario shares: 4 dispatchers on 3 hot
 // instances, T = 500 ms, 20 ms turns.
 func base(d time.Duration) Config {
-	return Config{Config: dispatch.Config{Dispatchers: 4, Instances: 3, HistoryEvents: 20, EventBytes: 100,
-		LockTimeout: DefaultLockTimeout, TurnTime: 20 * time.Millisecond, Duration: d}}
+	return Config{Config: dispatch.Config{
+		Run:         simconfig.Run{LockTimeout: DefaultLockTimeout, Duration: d},
+		Dispatchers: 4, Instances: 3, HistoryEvents: 20, EventBytes: 100, TurnTime: 20 * time.Millisecond}}
 }
 
 // UniformSkews are the uniform clock offsets the skew scenarios use, for a

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/duroxide-pg/migrations/harness/sim/dispatch"
+	"github.com/duroxide-pg/migrations/harness/sim/simconfig"
 )
 
 // The organic scenario: no hand-made stale timestamp, just the runtime's
@@ -77,13 +78,15 @@ const (
 // One run of both versions takes about 22 s.
 func OrganicDefaults() dispatch.Config {
 	return dispatch.Config{
+		Run: simconfig.Run{
+			LockTimeout:  0, // calibrated: LockTimeoutFactor x one uncontended fetch
+			PollInterval: 100 * time.Millisecond,
+			Duration:     10 * time.Second,
+		},
 		Dispatchers:   32,
 		Instances:     5,
 		HistoryEvents: 5000,
 		EventBytes:    250,
-		LockTimeout:   0, // calibrated: LockTimeoutFactor x one uncontended fetch
-		PollInterval:  100 * time.Millisecond,
-		Duration:      10 * time.Second,
 		MaxAttempts:   10,
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/duroxide-pg/migrations/harness/ops/migrate"
 	"github.com/duroxide-pg/migrations/harness/sim/dispatch"
 	"github.com/duroxide-pg/migrations/harness/sim/repro"
+	"github.com/duroxide-pg/migrations/harness/sim/simconfig"
 	"github.com/duroxide-pg/migrations/harness/testenv/pgtest"
 )
 
@@ -96,7 +97,7 @@ func TestOrganicScenarioReproducesAt19AndIsCleanAt20(t *testing.T) {
 	require.NotContains(t, string(b), `"caller_before_ms"`, "events stay out of the JSON")
 
 	// A schema at another version than its key is refused.
-	_, err = repro.RunOrganic(context.Background(), dsn, map[int]string{20: schemas[19]}, dispatch.Config{Duration: time.Second}, nil)
+	_, err = repro.RunOrganic(context.Background(), dsn, map[int]string{20: schemas[19]}, dispatch.Config{Run: simconfig.Run{Duration: time.Second}}, nil)
 	require.ErrorContains(t, err, "is at version 19, not 20")
 }
 

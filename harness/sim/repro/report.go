@@ -11,6 +11,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/duroxide-pg/migrations/harness/sim/axis"
 	"github.com/duroxide-pg/migrations/harness/sim/dispatch"
 )
 
@@ -68,19 +69,9 @@ func floorDiv(a, b int64) int64 {
 	return q
 }
 
-// niceWidth rounds w up to 1, 2 or 5 times a power of ten (at least 1).
-func niceWidth(w float64) int64 {
-	if w <= 1 {
-		return 1
-	}
-	p := math.Pow(10, math.Floor(math.Log10(w)))
-	for _, m := range []float64{1, 2, 5, 10} {
-		if m*p >= w {
-			return int64(m * p)
-		}
-	}
-	return int64(10 * p)
-}
+// niceWidth is a bin width for a span of w: w rounded up to 1, 2 or 5
+// times a power of ten, at least 1 (bins are whole milliseconds).
+func niceWidth(w float64) int64 { return int64(axis.Step(max(w, 1))) }
 
 func buildHistogram(values []int64, lost int, lo, hi, width int64) Histogram {
 	h := Histogram{BinWidthMs: width, Lost: lost}

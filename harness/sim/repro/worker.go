@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/duroxide-pg/migrations/harness/sim/simconfig"
 	"github.com/duroxide-pg/migrations/harness/sim/worker"
 )
 
@@ -65,17 +66,19 @@ const (
 // lock (sampled every 5 ms) counts as blocked.
 func WorkerDefaults() worker.Config {
 	return worker.Config{
-		Runtimes:     4,
-		Slots:        4,
-		Items:        400,
-		Sessions:     8,
-		Tagged:       true,
-		Refill:       true,
-		LockTimeout:  0, // calibrated
-		LongEvery:    8,
-		PollInterval: 100 * time.Millisecond,
-		Duration:     10 * time.Second,
-		WatchLocks:   true,
+		Run: simconfig.Run{
+			LockTimeout:  0, // calibrated
+			PollInterval: 100 * time.Millisecond,
+			Duration:     10 * time.Second,
+		},
+		Runtimes:   4,
+		Slots:      4,
+		Items:      400,
+		Sessions:   8,
+		Tagged:     true,
+		Refill:     true,
+		LongEvery:  8,
+		WatchLocks: true,
 	}
 }
 

@@ -119,12 +119,13 @@ type Summary struct {
 	Renewals        int `json:"renewals"`
 	RenewalsRefused int `json:"renewals_refused"`
 	// Session renewals and cleanups of the runtimes, with what they returned.
-	SessionRenewals int    `json:"session_renewals"`
-	SessionsRenewed int64  `json:"sessions_renewed"`
-	Cleanups        int    `json:"cleanups"`
-	SessionsCleaned int64  `json:"sessions_cleaned"`
-	OtherErrors     int    `json:"other_errors"`
-	FirstError      string `json:"first_error,omitempty"`
+	SessionRenewals int   `json:"session_renewals"`
+	SessionsRenewed int64 `json:"sessions_renewed"`
+	Cleanups        int   `json:"cleanups"`
+	SessionsCleaned int64 `json:"sessions_cleaned"`
+	// OtherErrors counts the failed calls not counted above, FirstError
+	// is the first of them.
+	eventlog.ErrorTally
 	// Remaining lease at return by the database clock, over the leases
 	// that could be read.
 	RemainingSamples int   `json:"remaining_samples"`
@@ -148,12 +149,7 @@ func Summarize(events []Event, elapsed time.Duration) Summary {
 	s := Summary{ElapsedS: elapsed.Seconds()}
 	var remaining, fetchLat, anyLat, ackLat, cycle []int64
 	deliveries := map[string]int{}
-	noteErr := func(e Event) {
-		s.OtherErrors++
-		if s.FirstError == "" {
-			s.FirstError = string(e.Kind) + ": " + e.Outcome
-		}
-	}
+	noteErr := func(e Event) { s.Note(string(e.Kind), e.Outcome) }
 	for _, e := range events {
 		switch e.Kind {
 		case KindFetch:

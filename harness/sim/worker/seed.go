@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/duroxide-pg/migrations/harness/sim/eventlog"
+	"github.com/duroxide-pg/migrations/harness/sim/simconfig"
 )
 
 // SeedInfo is what Seed enqueued.
@@ -20,8 +21,8 @@ type SeedInfo struct {
 // and enqueues items 1..cfg.Items (Config.ItemAt), visible an hour before
 // the database clock so that every worker's clock sees them.
 func Seed(ctx context.Context, dsn string, cfg Config) (SeedInfo, error) {
-	cfg = cfg.WithDefaults()
-	if err := cfg.Validate(); err != nil {
+	cfg, err := simconfig.Ready(cfg)
+	if err != nil {
 		return SeedInfo{}, err
 	}
 	conn, err := pgx.Connect(ctx, dsn)

@@ -14,14 +14,15 @@ import (
 	"github.com/duroxide-pg/migrations/harness/sim/clock"
 	"github.com/duroxide-pg/migrations/harness/sim/defaults"
 	"github.com/duroxide-pg/migrations/harness/sim/dispatch"
+	"github.com/duroxide-pg/migrations/harness/sim/simconfig"
 )
 
 // Config describes a simulation. Zero fields of the shape (runtimes, slots,
 // items, timeouts, poll interval, duration) take the defaults of
 // WithDefaults; zero activity times, skew, sessions and tags mean none.
+// Its LockTimeout (simconfig.Run) is the worker lock timeout, default 2 s.
 type Config struct {
-	// Schema holds the duroxide-pg objects (required).
-	Schema string `json:"schema"`
+	simconfig.Run
 	// Runtimes is the number of simulated runtimes (hosts): each has its
 	// own clock (see SkewBehind), Slots worker slots and, when Sessions >
 	// 0, one session renewal loop. Default 4.
@@ -47,10 +48,6 @@ type Config struct {
 	// StopWhenDone ends the run as soon as every seeded item is completed
 	// (without Refill).
 	StopWhenDone bool `json:"stop_when_done"`
-	// LockTimeout is the worker lock timeout passed to fetch, and the
-	// renewals' extension (in whole seconds, as duroxide-pg sends it).
-	// Default 2 s.
-	LockTimeout time.Duration `json:"lock_timeout_ns"`
 	// SessionLockTimeout is the session lease passed to fetch and renewed
 	// by renew_session_lock. Default LockTimeout.
 	SessionLockTimeout time.Duration `json:"session_lock_timeout_ns"`
@@ -70,11 +67,6 @@ type Config struct {
 	LongEvery       int           `json:"long_every"`
 	LongActivityMin time.Duration `json:"long_activity_min_ns"`
 	LongActivityMax time.Duration `json:"long_activity_max_ns"`
-	// PollInterval is the minimum poll interval after an empty fetch.
-	// Default 100 ms.
-	PollInterval time.Duration `json:"poll_interval_ns"`
-	// Duration is how long the workers fetch. Default 10 s.
-	Duration time.Duration `json:"duration_ns"`
 	// SkewBehind and SkewAhead spread the runtimes' clocks over
 	// [-SkewBehind, +SkewAhead]: runtime i of n runs
 	// -SkewBehind + (SkewBehind+SkewAhead)*i/(n-1) ahead of the wall clock.
@@ -96,8 +88,8 @@ const (
 	DefaultSlots        = 4
 	DefaultItems        = 400
 	DefaultLockTimeout  = 2 * time.Second
-	DefaultPollInterval = 100 * time.Millisecond
-	DefaultDuration     = 10 * time.Second
+	DefaultPollInterval = simconfig.DefaultPollInterval
+	DefaultDuration     = simconfig.DefaultDuration
 	// LockWatchInterval is how often WatchLocks samples.
 	LockWatchInterval = 5 * time.Millisecond
 )
@@ -107,13 +99,11 @@ func (c Config) WithDefaults() Config {
 	defaults.Set(&c.Runtimes, DefaultRuntimes)
 	defaults.Set(&c.Slots, DefaultSlots)
 	defaults.Set(&c.Items, DefaultItems)
-	defaults.Set(&c.LockTimeout, DefaultLockTimeout)
+	c.Run = c.Run.WithDefaults(DefaultLockTimeout)
 	defaults.Set(&c.SessionLockTimeout, c.LockTimeout)
 	defaults.Set(&c.SessionIdle, 4*c.SessionLockTimeout)
 	defaults.Set(&c.SessionRenewEvery, c.SessionLockTimeout/4)
 	defaults.Set(&c.CleanupEvery, c.LockTimeout)
-	defaults.Set(&c.PollInterval, DefaultPollInterval)
-	defaults.Set(&c.Duration, DefaultDuration)
 	if c.RandSeed == 0 {
 		c.RandSeed = 1
 	}
@@ -122,11 +112,10 @@ func (c Config) WithDefaults() Config {
 
 // Validate rejects a config that cannot run.
 func (c Config) Validate() error {
+	if err := c.Run.Validate(); err != nil {
+		return fmt.Errorf("worker: %w", err)
+	}
 	switch {
-	case c.Schema == "":
-		return errors.New("worker: Config.Schema is empty")
-	case c.LockTimeout < time.Millisecond:
-		return fmt.Errorf("worker: LockTimeout %v is under 1 ms", c.LockTimeout)
 	case c.Sessions < 0 || c.LongEvery < 0:
 		return errors.New("worker: Sessions and LongEvery must not be negative")
 	case c.ShortActivity < 0 || c.LongActivityMin < 0 || c.LongActivityMax < c.LongActivityMin:
@@ -210,8 +199,8 @@ type run struct {
 // goroutine has ended when it returns; an activity in progress when the run
 // ends is finished and acked first.
 func Run(ctx context.Context, dsn string, cfg Config) (*Log, error) {
-	cfg = cfg.WithDefaults()
-	if err := cfg.Validate(); err != nil {
+	cfg, err := simconfig.Ready(cfg)
+	if err != nil {
 		return nil, err
 	}
 	connCfg, err := pgx.ParseConfig(dsn)
@@ -456,44 +445,20 @@ func (w *slot) process(ctx context.Context, f *Fetched, fetchStart time.Time) {
 	w.log.Add(ev)
 }
 
-// startRenewal renews the item's lease every
-// dispatch.RenewalInterval(LockTimeout) by the timeout in whole seconds,
-// stopping for good at the first error; the returned function stops it and
-// waits for it.
+// startRenewal renews the item's lease as the runtime does
+// (dispatch.StartRenewal), with the worker lock timeout.
 func (w *slot) startRenewal(ctx context.Context, f *Fetched) func() {
-	interval := dispatch.RenewalInterval(w.cfg.LockTimeout)
-	extend := dispatch.RenewExtendSecs(w.cfg.LockTimeout)
-	rctx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		tick := time.NewTicker(interval)
-		defer tick.Stop()
-		for {
-			select {
-			case <-rctx.Done():
-				return
-			case <-tick.C:
-			}
-			before, after, lat, err := w.call(func(now int64) error {
-				return w.client.RenewItem(rctx, w.conn, f.LockToken, now, extend)
-			})
-			if rctx.Err() != nil && err != nil {
-				return
-			}
+	return dispatch.StartRenewal(ctx, w.cfg.LockTimeout, func(rctx context.Context, extendSecs int64) (func(), error) {
+		before, after, lat, err := w.call(func(now int64) error {
+			return w.client.RenewItem(rctx, w.conn, f.LockToken, now, extendSecs)
+		})
+		return func() {
 			ev := w.event(KindRenew)
 			ev.Item, ev.Session, ev.Token = f.Item.ID, f.Item.SessionID, f.LockToken
 			ev.CallerBeforeMs, ev.CallerAfterMs, ev.LatencyUs, ev.Outcome = before, after, lat, outcome(err, IsRenewRefused)
 			w.log.Add(ev)
-			if err != nil {
-				return
-			}
-		}
-	}()
-	return func() {
-		cancel()
-		<-done
-	}
+		}, err
+	})
 }
 
 // runtimeLoop is one runtime's session upkeep: renew_session_lock for all

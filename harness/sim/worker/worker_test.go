@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/duroxide-pg/migrations/harness/ops/migrate"
+	"github.com/duroxide-pg/migrations/harness/sim/simconfig"
 	"github.com/duroxide-pg/migrations/harness/sim/worker"
 	"github.com/duroxide-pg/migrations/harness/testenv/pgtest"
 	migrations "github.com/duroxide-pg/migrations/sql"
@@ -68,9 +69,11 @@ func itoa(v int64) string {
 func TestSixteenWorkersAtTheFixCompleteEveryItemExactlyOnce(t *testing.T) {
 	_, fix := migrations.WorkerFix()
 	dsn := database(t, fix)
-	cfg := worker.Config{Schema: schemaOf(fix), Runtimes: 4, Slots: 4, Items: 300, Sessions: 6, Tagged: true,
-		StopWhenDone: true, LockTimeout: 5 * time.Second, ShortActivity: 5 * time.Millisecond,
-		SkewBehind: 2 * time.Second, SkewAhead: 500 * time.Millisecond, Duration: time.Minute, WatchLocks: true}
+	cfg := worker.Config{
+		Run:      simconfig.Run{Schema: schemaOf(fix), LockTimeout: 5 * time.Second, Duration: time.Minute},
+		Runtimes: 4, Slots: 4, Items: 300, Sessions: 6, Tagged: true,
+		StopWhenDone: true, ShortActivity: 5 * time.Millisecond,
+		SkewBehind: 2 * time.Second, SkewAhead: 500 * time.Millisecond, WatchLocks: true}
 	seed, err := worker.Seed(context.Background(), dsn, cfg)
 	require.NoError(t, err)
 	require.Len(t, seed.Items, 300)
