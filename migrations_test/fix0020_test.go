@@ -518,7 +518,10 @@ func TestV20DownRestoresV19AndTheBugReturns(t *testing.T) {
 // an absurd one.
 func TestV19OnTheInputsV20Rejects(t *testing.T) {
 	t.Parallel()
-	now := time.Now().UnixMilli()
+	// callerNow stands for the caller's clock, read in each subtest right
+	// before its call (a time read once before parallel subtests wait for
+	// their turn could be older than the message the subtest enqueues).
+	const callerNow = "caller's now"
 	cases := []struct {
 		name      string
 		now       any
@@ -526,26 +529,31 @@ func TestV19OnTheInputsV20Rejects(t *testing.T) {
 		wantState string // SQLSTATE, or "" for no error
 		wantRow   bool
 		// check looks at the lease 19 handed out, when it did.
-		check func(t *testing.T, lockedUntil int64)
+		check func(t *testing.T, lockedUntil, now int64)
 	}{
 		{"NULL p_now_ms: no row", nil, int64(leaseTimeout), "", false, nil},
 		{"negative p_now_ms: no row (nothing is visible at 1969)", int64(-1), int64(leaseTimeout), "", false, nil},
-		{"NULL p_lock_timeout_ms: NOT NULL violation", now, nil, "23502", false, nil},
-		{"zero p_lock_timeout_ms: a lease already over", now, int64(0), "", true,
-			func(t *testing.T, until int64) { require.LessOrEqual(t, until, now) }},
-		{"negative p_lock_timeout_ms: a lease already over", now, int64(-5000), "", true,
-			func(t *testing.T, until int64) { require.Less(t, until, now) }},
-		{"absurd p_lock_timeout_ms: a lease that never ends", now, int64(1) << 60, "", true,
-			func(t *testing.T, until int64) { require.Greater(t, until, now+(int64(1)<<59)) }},
+		{"NULL p_lock_timeout_ms: NOT NULL violation", callerNow, nil, "23502", false, nil},
+		{"zero p_lock_timeout_ms: a lease already over", callerNow, int64(0), "", true,
+			func(t *testing.T, until, now int64) { require.LessOrEqual(t, until, now) }},
+		{"negative p_lock_timeout_ms: a lease already over", callerNow, int64(-5000), "", true,
+			func(t *testing.T, until, now int64) { require.Less(t, until, now) }},
+		{"absurd p_lock_timeout_ms: a lease that never ends", callerNow, int64(1) << 60, "", true,
+			func(t *testing.T, until, now int64) { require.Greater(t, until, now+(int64(1)<<59)) }},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			b := setupFix(t, unfixed)
 			b.enqueue(t, "x")
+			now := time.Now().UnixMilli()
+			arg := tc.now
+			if arg == callerNow {
+				arg = now
+			}
 			var token *string
 			err := b.pool.QueryRow(context.Background(), "SELECT out_lock_token FROM "+b.db.Qualify("fetch_orchestration_item")+"($1, $2, 0, 1029)",
-				tc.now, tc.timeout).Scan(&token)
+				arg, tc.timeout).Scan(&token)
 			if tc.wantState != "" {
 				require.Equal(t, tc.wantState, orch.SQLState(err))
 				return
@@ -557,7 +565,7 @@ func TestV19OnTheInputsV20Rejects(t *testing.T) {
 			require.NoError(t, err)
 			lease, err := b.c.ReadLease(context.Background(), b.pool, *token)
 			require.NoError(t, err)
-			tc.check(t, lease.LockedUntilMs)
+			tc.check(t, lease.LockedUntilMs, now)
 		})
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -14,7 +15,7 @@ import (
 
 // benchSummary is the line of `harness help` for the bench command (the
 // versions compared are in `harness bench -h`, read from the pack).
-const benchSummary = "speed before and after the pack's fixes, side by side in one run: bench [--rounds 3] [--duration 2.5s] [--scenarios backlog,hot,queue-only,migrate,worker] [--json FILE] [--report DIR] [--dsn DSN]"
+const benchSummary = "speed before and after the pack's fixes, side by side in one run: bench [--rounds 3] [--duration 2.5s] [--scenarios backlog,hot,queue-only,migrate,worker,scale] [--scale-blocked 1000,10000,100000] [--json FILE] [--report DIR] [--dsn DSN]"
 
 // runBench is `harness bench`: every scenario of package bench, rounds
 // alternating the versions before and after the fix of
@@ -29,8 +30,16 @@ func runBench(ctx context.Context, env *Env, args []string) error {
 	duration := fs.Duration("duration", def.Duration, "run time of one cell, per version and round")
 	bug, fix := bench.Versions()
 	wbug, wfix := bench.WorkerVersions()
+	sbefore, safter := bench.ScaleVersions()
 	scenarios := fs.String("scenarios", strings.Join(def.Scenarios, ","), fmt.Sprintf(
-		"scenarios to run: backlog, hot, queue-only, migrate (schema %d against %d), worker (schema %d against %d)", bug, fix, wbug, wfix))
+		"scenarios to run: backlog, hot, queue-only, migrate (schema %d against %d), worker (schema %d against %d), scale (schema %d against %d)",
+		bug, fix, wbug, wfix, sbefore, safter))
+	hotLock := fs.Duration("hot-lock-timeout", def.HotLockTimeout, "hot scenario's lock timeout; 0: calibrated at start like the organic repro")
+	scaleBlocked := fs.String("scale-blocked", joinInts(def.ScaleBlocked), "scale: blocked message counts K, comma-separated")
+	scaleCompleted := fs.String("scale-completed", joinInts(def.ScaleCompleted), "scale: completed instance counts, comma-separated")
+	scaleCalls := fs.Int("scale-calls", def.ScaleCalls, "scale: fetch calls per figure on one session (at least 7)")
+	scaleIdle := fs.Int("scale-idle-dispatchers", def.ScaleIdleDispatchers, "scale: idle dispatchers polling at the largest K")
+	scaleIdleFor := fs.Duration("scale-idle-duration", def.ScaleIdleDuration, "scale: how long the idle dispatchers poll, per version and round")
 	jsonFile := fs.String("json", "", "write the result as JSON to this file")
 	reportDir := fs.String("report", "", "write report.md, throughput.svg and bench.json into this directory")
 	pos, err := parse(fs, args)
@@ -48,6 +57,16 @@ func runBench(ctx context.Context, env *Env, args []string) error {
 	}
 	cfg := def
 	cfg.Rounds, cfg.Duration, cfg.Scenarios = *rounds, *duration, nil
+	if *hotLock < 0 || *scaleCalls < 1 || *scaleIdle < 1 || *scaleIdleFor < 100*time.Millisecond {
+		return usagef("--hot-lock-timeout >= 0, --scale-calls and --scale-idle-dispatchers >= 1, --scale-idle-duration >= 100ms")
+	}
+	cfg.HotLockTimeout, cfg.ScaleCalls, cfg.ScaleIdleDispatchers, cfg.ScaleIdleDuration = *hotLock, *scaleCalls, *scaleIdle, *scaleIdleFor
+	if cfg.ScaleBlocked, err = parseInts("--scale-blocked", *scaleBlocked); err != nil {
+		return err
+	}
+	if cfg.ScaleCompleted, err = parseInts("--scale-completed", *scaleCompleted); err != nil {
+		return err
+	}
 	for _, s := range strings.Split(*scenarios, ",") {
 		s = strings.ReplaceAll(strings.TrimSpace(s), "-", "_")
 		if s == "" {
@@ -56,7 +75,7 @@ func runBench(ctx context.Context, env *Env, args []string) error {
 		cfg.Scenarios = append(cfg.Scenarios, s)
 	}
 	if len(cfg.Scenarios) == 0 {
-		return usagef("--scenarios is empty: name some of backlog, hot, queue-only, migrate, worker")
+		return usagef("--scenarios is empty: name some of backlog, hot, queue-only, migrate, worker, scale")
 	}
 	if err := cfg.Validate(); err != nil {
 		return usagef("%v", err)
@@ -89,6 +108,36 @@ func runBench(ctx context.Context, env *Env, args []string) error {
 		}
 	}
 	return nil
+}
+
+// joinInts writes ns comma-separated.
+func joinInts(ns []int) string {
+	s := make([]string, len(ns))
+	for i, n := range ns {
+		s[i] = strconv.Itoa(n)
+	}
+	return strings.Join(s, ",")
+}
+
+// parseInts reads the comma-separated counts of flag (at least one, none
+// negative).
+func parseInts(flag, v string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(v, ",") {
+		f = strings.TrimSpace(f)
+		if f == "" {
+			continue
+		}
+		n, err := strconv.Atoi(f)
+		if err != nil || n < 0 {
+			return nil, usagef("%s %q: give comma-separated counts, e.g. 1000,10000", flag, v)
+		}
+		out = append(out, n)
+	}
+	if len(out) == 0 {
+		return nil, usagef("%s is empty: give comma-separated counts, e.g. 1000,10000", flag)
+	}
+	return out, nil
 }
 
 // progressBar draws one line on a terminal (rewritten in place) or one

@@ -13,13 +13,20 @@
 //     history, dispatchers N = 1, 4, 8, 16, lock timeout 100 ms; each ack
 //     enqueues the instance's next message (steady state);
 //   - hot: one instance with a 5000-event history that always has a
-//     message, N = 16, lock timeout 30 ms;
+//     message, N = 16, lock timeout calibrated at start like the organic
+//     repro's (repro.Calibrate: repro.LockTimeoutFactor x one uncontended
+//     fetch of the hot instance);
 //   - queue_only: 2000 instances without history, N = 1 and 8, plus the
 //     bare single-statement dequeue (baseline.go) on the same tables;
 //   - migrate: the wall time of Up from 0 to each of the two versions on a
 //     fresh database;
 //   - worker: the worker queue before and after the pack's worker fixes
-//     (worker.go).
+//     (worker.go);
+//   - scale: the cost of one fetch against the number of blocked messages
+//     (K messages of instances that hold a live lease), idle dispatchers
+//     polling over them, and the number of completed instances in the
+//     database, before the first fetch fix and at the pack's latest
+//     version (scale.go).
 //
 // Each dispatcher scenario has its own schema per side, seeded once
 // (dispatch.Seed) and snapshotted; before every cell the schema is put back
@@ -40,6 +47,7 @@ import (
 
 	"github.com/duroxide-pg/migrations/harness/ops/migrate"
 	"github.com/duroxide-pg/migrations/harness/sim/dispatch"
+	"github.com/duroxide-pg/migrations/harness/sim/repro"
 	"github.com/duroxide-pg/migrations/harness/sim/simconfig"
 	"github.com/duroxide-pg/migrations/harness/testenv/pgtest"
 	migrations "github.com/duroxide-pg/migrations/sql"
@@ -61,10 +69,11 @@ const (
 	QueueOnly = "queue_only"
 	Migrate   = "migrate"
 	Worker    = "worker"
+	Scale     = "scale"
 )
 
 // AllScenarios lists every scenario in the order a round runs them.
-func AllScenarios() []string { return []string{Backlog, Hot, QueueOnly, Migrate, Worker} }
+func AllScenarios() []string { return []string{Backlog, Hot, QueueOnly, Migrate, Worker, Scale} }
 
 // Config is a benchmark run. Zero fields take Defaults' values, except the
 // slices, which are taken as given when not nil.
@@ -82,8 +91,10 @@ type Config struct {
 	BacklogDispatchers []int         `json:"backlog_dispatchers"`
 	BacklogLockTimeout time.Duration `json:"-"`
 
-	HotHistory     int           `json:"hot_history_events"`
-	HotDispatchers int           `json:"hot_dispatchers"`
+	HotHistory     int `json:"hot_history_events"`
+	HotDispatchers int `json:"hot_dispatchers"`
+	// HotLockTimeout is the hot scenario's lock timeout; 0 (the default)
+	// calibrates it at start, like the organic repro (repro.Calibrate).
 	HotLockTimeout time.Duration `json:"-"`
 
 	QueueInstances   int           `json:"queue_instances"`
@@ -97,6 +108,28 @@ type Config struct {
 	WorkerItems       int           `json:"worker_items"`
 	WorkerLockTimeout time.Duration `json:"-"`
 
+	// The scale scenario (scale.go): ScaleBlocked are the K values (blocked
+	// messages), each seeded spread over ScaleSpreadInstances leased
+	// instances and all on one fan-in instance; ScaleClaimable the
+	// claimable instances queued behind them for the one-row fetch;
+	// ScaleCompleted the completed-instance counts, each with
+	// ScaleCompletedHistory history events; ScaleCalls the fetch calls per
+	// figure on one session (at least 7: calls 2-5 are the early figure,
+	// 7 on the steady one); ScaleIdleDispatchers idle dispatchers poll for
+	// ScaleIdleDuration at the largest K; ScaleLargeHistory is the history
+	// (events of about EventBytes) of the instance whose fetch the
+	// completed cells time against the small cycled one's, to split a
+	// fetch's cost between history load and candidate search.
+	ScaleBlocked          []int         `json:"scale_blocked"`
+	ScaleSpreadInstances  int           `json:"scale_spread_instances"`
+	ScaleClaimable        int           `json:"scale_claimable"`
+	ScaleCompleted        []int         `json:"scale_completed"`
+	ScaleCompletedHistory int           `json:"scale_completed_history_events"`
+	ScaleCalls            int           `json:"scale_calls"`
+	ScaleIdleDispatchers  int           `json:"scale_idle_dispatchers"`
+	ScaleIdleDuration     time.Duration `json:"-"`
+	ScaleLargeHistory     int           `json:"scale_large_history_events"`
+
 	// EventBytes is the approximate size of one seeded history event.
 	EventBytes int `json:"event_bytes"`
 	// PollInterval is the dispatchers' (and the baseline workers') minimum
@@ -105,28 +138,40 @@ type Config struct {
 }
 
 // Defaults is the full benchmark (`harness bench`): 3 rounds of 2.5 s per
-// cell, every scenario as the issue sets it. On the 2-core development
-// machine the whole run takes about 3 minutes.
+// cell, every scenario as the issues set it. On the 2-core development
+// machine the whole run takes about 9 minutes, 5 of them the scale
+// scenario (seeding 100k blocked messages and 100k completed instances
+// with their histories per version, and the slow fetches it measures; see
+// docs/BENCH.md).
 func Defaults() Config {
 	return Config{
-		Rounds:             3,
-		Duration:           2500 * time.Millisecond,
-		Scenarios:          AllScenarios(),
-		BacklogInstances:   200,
-		BacklogHistory:     500,
-		BacklogDispatchers: []int{1, 4, 8, 16},
-		BacklogLockTimeout: 100 * time.Millisecond,
-		HotHistory:         5000,
-		HotDispatchers:     16,
-		HotLockTimeout:     30 * time.Millisecond,
-		QueueInstances:     2000,
-		QueueDispatchers:   []int{1, 8},
-		QueueLockTimeout:   100 * time.Millisecond,
-		WorkerDispatchers:  []int{1, 8},
-		WorkerItems:        500,
-		WorkerLockTimeout:  defaultWorkerLockTimeout,
-		EventBytes:         250,
-		PollInterval:       dispatch.DefaultPollInterval,
+		Rounds:                3,
+		Duration:              2500 * time.Millisecond,
+		Scenarios:             AllScenarios(),
+		BacklogInstances:      200,
+		BacklogHistory:        500,
+		BacklogDispatchers:    []int{1, 4, 8, 16},
+		BacklogLockTimeout:    100 * time.Millisecond,
+		HotHistory:            5000,
+		HotDispatchers:        16,
+		HotLockTimeout:        0, // calibrated at start
+		QueueInstances:        2000,
+		QueueDispatchers:      []int{1, 8},
+		QueueLockTimeout:      100 * time.Millisecond,
+		WorkerDispatchers:     []int{1, 8},
+		WorkerItems:           500,
+		WorkerLockTimeout:     defaultWorkerLockTimeout,
+		ScaleBlocked:          []int{1000, 10000, 100000},
+		ScaleSpreadInstances:  500,
+		ScaleClaimable:        3,
+		ScaleCompleted:        []int{0, 10000, 100000},
+		ScaleCompletedHistory: 10,
+		ScaleCalls:            12,
+		ScaleIdleDispatchers:  32,
+		ScaleIdleDuration:     3 * time.Second,
+		ScaleLargeHistory:     500,
+		EventBytes:            250,
+		PollInterval:          dispatch.DefaultPollInterval,
 	}
 }
 
@@ -168,6 +213,9 @@ func (c Config) Validate() error {
 	}
 	if c.Duration < 10*time.Millisecond {
 		return fmt.Errorf("bench: a cell of %v is too short", c.Duration)
+	}
+	if c.has(Scale) {
+		return c.validateScale()
 	}
 	return nil
 }
@@ -217,8 +265,14 @@ type Result struct {
 	Cells     []Cell     `json:"cells"`
 	// Worker holds the worker scenario's cells, which compare other
 	// versions (WorkerVersions) than the cells above.
-	Worker  []WorkerCell `json:"worker_cells,omitempty"`
-	Targets []Target     `json:"targets"`
+	Worker []WorkerCell `json:"worker_cells,omitempty"`
+	// Scale holds the scale scenario's cells, which compare the version
+	// before the first fetch fix with the pack's latest (ScaleVersions).
+	Scale []ScaleCell `json:"scale_cells,omitempty"`
+	// HotCalibration is the measurement behind the hot scenario's lock
+	// timeout, when it was calibrated (Config.HotLockTimeout 0).
+	HotCalibration *repro.Calibration `json:"hot_calibration,omitempty"`
+	Targets        []Target           `json:"targets"`
 }
 
 // Settings echoes the config in readable units.
@@ -229,12 +283,14 @@ type Settings struct {
 	HotLockTimeoutMs     int64   `json:"hot_lock_timeout_ms"`
 	QueueLockTimeoutMs   int64   `json:"queue_lock_timeout_ms"`
 	PollIntervalMs       int64   `json:"poll_interval_ms"`
+	ScaleIdleDurationS   float64 `json:"scale_idle_duration_s"`
 }
 
 func settingsOf(c Config) Settings {
 	return Settings{Config: c, DurationS: c.Duration.Seconds(),
 		BacklogLockTimeoutMs: c.BacklogLockTimeout.Milliseconds(), HotLockTimeoutMs: c.HotLockTimeout.Milliseconds(),
-		QueueLockTimeoutMs: c.QueueLockTimeout.Milliseconds(), PollIntervalMs: c.PollInterval.Milliseconds()}
+		QueueLockTimeoutMs: c.QueueLockTimeout.Milliseconds(), PollIntervalMs: c.PollInterval.Milliseconds(),
+		ScaleIdleDurationS: c.ScaleIdleDuration.Seconds()}
 }
 
 // Cell returns the cell of scenario at n dispatchers (n is ignored for
@@ -276,6 +332,9 @@ func (c Config) Steps() int {
 	}
 	if c.has(Worker) {
 		per += c.workerSteps()
+	}
+	if c.has(Scale) {
+		per += 2 * len(scaleCells(c, 0, 0))
 	}
 	return per * c.Rounds
 }
@@ -369,6 +428,17 @@ func Run(ctx context.Context, srv *pgtest.Server, cfg Config, progress func(Prog
 		}
 	}
 
+	if cfg.has(Hot) && cfg.HotLockTimeout == 0 {
+		progress(Progress{Steps: cfg.Steps(), Rounds: cfg.Rounds, Label: "calibrating the hot lock timeout", Elapsed: time.Since(start)})
+		cal, err := calibrateHot(ctx, dsn, schemas[key{Hot, SideBefore}], cfg)
+		if err != nil {
+			return res, err
+		}
+		res.HotCalibration = &cal
+		cfg.HotLockTimeout = cal.LockTimeout
+		res.Settings.HotLockTimeoutMs = cal.LockTimeoutMs
+	}
+
 	var wb *workerBench
 	if cfg.has(Worker) {
 		if wb, err = newWorkerBench(ctx, dsn, cfg); err != nil {
@@ -433,6 +503,11 @@ func Run(ctx context.Context, srv *pgtest.Server, cfg Config, progress func(Prog
 	}
 	if wb != nil {
 		res.Worker = wb.finish()
+	}
+	if cfg.has(Scale) {
+		if res.Scale, err = runScale(ctx, dsn, cfg, cpu, note); err != nil {
+			return res, err
+		}
 	}
 	for i := range res.Cells {
 		res.Cells[i].computeFigures()
@@ -625,10 +700,17 @@ type Target struct {
 	// Measured is false when the figures it needs were not measured (the
 	// scenario did not run, or a side had no value).
 	Measured bool `json:"measured"`
+	// Reason says why a target was missed (or what it depends on), where
+	// the figures alone do not.
+	Reason string `json:"reason,omitempty"`
 }
 
 // EvaluateTargets checks the issue's targets against the medians.
 func EvaluateTargets(r *Result) []Target {
+	if len(r.Cells) == 0 {
+		// Only the worker or the scale scenario ran.
+		return scaleTargets(r)
+	}
 	var out []Target
 	ratioTarget := func(name, scenario string, n int, key string, atLeast bool, bound float64) {
 		t := Target{Name: name}
@@ -689,7 +771,7 @@ func EvaluateTargets(r *Result) []Target {
 		}
 	}
 	out = append(out, q)
-	return out
+	return append(out, scaleTargets(r)...)
 }
 
 func fetchesOf(c *Cell, side string) string {

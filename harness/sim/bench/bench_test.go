@@ -206,7 +206,7 @@ func TestConfigValidate(t *testing.T) {
 	c = Defaults()
 	c.BacklogDispatchers = []int{0}
 	require.Error(t, c.Validate())
-	require.Equal(t, 3*(8+2+6+2+8), Defaults().Steps())
+	require.Equal(t, 3*(8+2+6+2+8+2*10), Defaults().Steps(), "scale: 3 spread, 1 idle, 3 fan-in and 3 completed cells")
 }
 
 // smokeConfig is the whole benchmark shrunk to about a second of cells.
@@ -217,6 +217,8 @@ func smokeConfig() Config {
 		HotHistory: 40, HotDispatchers: 2, HotLockTimeout: time.Second,
 		QueueInstances: 20, QueueDispatchers: []int{1},
 		WorkerDispatchers: []int{2}, WorkerItems: 20,
+		ScaleBlocked: []int{10, 100}, ScaleSpreadInstances: 5, ScaleClaimable: 2, ScaleCompleted: []int{0, 20},
+		ScaleCalls: 7, ScaleIdleDispatchers: 2, ScaleIdleDuration: 200 * time.Millisecond,
 	}
 }
 
@@ -261,7 +263,8 @@ func TestSmokeRun(t *testing.T) {
 	q := res.Cell(QueueOnly, 1).Figure("cycles_per_s")
 	require.NotNil(t, q.Baseline)
 	require.Greater(t, *q.Baseline, 0.0)
-	require.Len(t, res.Targets, 6)
+	require.Len(t, res.Scale, 7, "spread K=10 and 100, idle, fan-in K=10 and 100, completed C=0 and 20")
+	require.Len(t, res.Targets, 6+4+4+1, "the dispatcher targets, then scale: K growth x4, never slower x4, flat over completed")
 
 	var out bytes.Buffer
 	require.NoError(t, PrintTable(&out, &res))

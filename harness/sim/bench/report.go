@@ -12,6 +12,7 @@ import (
 	"text/tabwriter"
 
 	"github.com/duroxide-pg/migrations/harness/sim/axis"
+	"github.com/duroxide-pg/migrations/harness/sim/repro"
 )
 
 // Files WriteReport writes.
@@ -126,10 +127,14 @@ func writeMarkdownTable(b *strings.Builder, header []string, rows [][]string) {
 }
 
 // compared are the schema versions the dispatcher and migrate cells of r
-// compare, before and after the fix (Versions when no such cell ran).
+// compare, before and after the fix (the scale cells' when only they ran,
+// Versions when no cell ran).
 func (r *Result) compared() (before, after int64) {
 	if len(r.Cells) > 0 {
 		return r.Cells[0].BeforeVersion, r.Cells[0].AfterVersion
+	}
+	if len(r.Scale) > 0 {
+		return r.Scale[0].BeforeVersion, r.Scale[0].AfterVersion
 	}
 	return Versions()
 }
@@ -148,24 +153,37 @@ func hasBaseline(r *Result) bool {
 // PrintTable writes the medians, ratios and targets as aligned text.
 func PrintTable(w io.Writer, r *Result) error {
 	before, after := r.compared()
-	fmt.Fprintf(w, "bench: fetch_orchestration_item before (schema %d) and after (schema %d) its fix, medians of %d rounds (before, after alternating), %s per cell; server %s (%s backend)\n\n",
+	fmt.Fprintf(w, "bench: fetch_orchestration_item before (schema %d) and after (schema %d) its fix, medians of %d rounds (before, after alternating), %s per cell; server %s (%s backend)\n",
 		before, after, r.Settings.Rounds, secs(r.Settings.DurationS), r.Server.Version, r.Server.Backend)
-	header, rows := tableRows(r.Cells, hasBaseline(r))
-	if err := printRows(w, header, rows); err != nil {
-		return err
+	if len(r.Cells) > 0 {
+		fmt.Fprintln(w)
+		header, rows := tableRows(r.Cells, hasBaseline(r))
+		if err := printRows(w, header, rows); err != nil {
+			return err
+		}
 	}
 	if err := printWorkerTable(w, r.Worker); err != nil {
+		return err
+	}
+	if err := printScaleTable(w, r.Scale); err != nil {
 		return err
 	}
 	if len(r.Targets) > 0 {
 		fmt.Fprintln(w, "\ntargets (reported, not asserted):")
 		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 		for _, t := range r.Targets {
-			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t\n", targetMark(t), t.Name, "want "+t.Want, "got "+t.Got)
+			got := "got " + t.Got
+			if t.Reason != "" {
+				got += " (why: " + t.Reason + ")"
+			}
+			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\n", targetMark(t), t.Name, "want "+t.Want, got)
 		}
 		if err := tw.Flush(); err != nil {
 			return err
 		}
+	}
+	if r.HotCalibration != nil {
+		fmt.Fprintf(w, "\nhot lock timeout: %d ms%s\n", r.Settings.HotLockTimeoutMs, hotCalibrationText(r))
 	}
 	fmt.Fprintf(w, "\nserver CPU: %s; total run time %s\n", r.Server.CPU, secs(r.TotalS))
 	return nil
@@ -212,6 +230,9 @@ func Markdown(r *Result, plot string) string {
 			case t.Met:
 				mark = "met"
 			}
+			if t.Reason != "" {
+				mark += ": " + t.Reason
+			}
 			fmt.Fprintf(&b, "| %s | %s | %s | %s |\n", t.Name, t.Want, t.Got, mark)
 		}
 		b.WriteString("\n")
@@ -223,8 +244,8 @@ func Markdown(r *Result, plot string) string {
 	desc := map[string]string{
 		Backlog: fmt.Sprintf("%d instances, one pending message and a %d-event history (~%d bytes per event) each, lock timeout %d ms; each ack enqueues the instance's next message.",
 			s.BacklogInstances, s.BacklogHistory, s.EventBytes, s.BacklogLockTimeoutMs),
-		Hot: fmt.Sprintf("one instance with a %d-event history that always has a message, %d dispatchers, lock timeout %d ms.",
-			s.HotHistory, s.HotDispatchers, s.HotLockTimeoutMs),
+		Hot: fmt.Sprintf("one instance with a %d-event history that always has a message, %d dispatchers, lock timeout %d ms%s.",
+			s.HotHistory, s.HotDispatchers, s.HotLockTimeoutMs, hotCalibrationText(r)),
 		QueueOnly: fmt.Sprintf("%d instances without history, lock timeout %d ms; baseline: the bare single-statement dequeue (UPDATE ... WHERE id = (SELECT ... FOR UPDATE SKIP LOCKED LIMIT 1), DELETE + INSERT of the next message as the ack) on the same tables.",
 			s.QueueInstances, s.QueueLockTimeoutMs),
 		Migrate: fmt.Sprintf("wall time of Up 0 -> %d (%s column) and 0 -> %d (%s column), each on a fresh database.",
@@ -246,6 +267,11 @@ func Markdown(r *Result, plot string) string {
 		b.WriteString("\n")
 	}
 	b.WriteString(workerMarkdown(r.Worker, s))
+	scalePlot := ""
+	if len(scaleCurve(r.Scale)) > 0 {
+		scalePlot = ScaleFile
+	}
+	b.WriteString(scaleMarkdown(r.Scale, s, scalePlot))
 	b.WriteString("## Per round\n\nCompleted cycles/s of every run (migrate: wall time), round by round.\n\n| cell | side | ")
 	for i := 1; i <= s.Rounds; i++ {
 		fmt.Fprintf(&b, "round %d |", i)
@@ -277,6 +303,17 @@ func Markdown(r *Result, plot string) string {
 	return b.String()
 }
 
+// hotCalibrationText says how the hot lock timeout was calibrated ("" for
+// a fixed one).
+func hotCalibrationText(r *Result) string {
+	c := r.HotCalibration
+	if c == nil {
+		return " (fixed)"
+	}
+	return fmt.Sprintf(" (calibrated at start like the organic repro: %g x the median of %d uncontended fetches of the hot instance, %.1f ms)",
+		repro.LockTimeoutFactor, c.Samples, c.FetchMs)
+}
+
 func firstOr(ns []int) int {
 	if len(ns) == 0 {
 		return 0
@@ -295,6 +332,15 @@ func WriteReport(dir string, r *Result) error {
 	if err := ThroughputSVG(&svg, r); err == nil {
 		plot = ThroughputFile
 		if err := os.WriteFile(filepath.Join(dir, ThroughputFile), svg.Bytes(), 0o644); err != nil {
+			return err
+		}
+	}
+	if len(scaleCurve(r.Scale)) > 0 {
+		var curve bytes.Buffer
+		if err := ScaleSVG(&curve, r); err != nil {
+			return err
+		}
+		if err := os.WriteFile(filepath.Join(dir, ScaleFile), curve.Bytes(), 0o644); err != nil {
 			return err
 		}
 	}
