@@ -28,6 +28,10 @@ type Migration struct {
 	UpstreamName string
 	// Fixes lists the functions a fix migration redefines (nil for a port).
 	Fixes []string
+	// Adds lists the objects a fix migration adds to upstream's catalog
+	// (its "-- Adds:" header line: "table name", "index name", "function
+	// name", "trigger name"), nil when it adds none.
+	Adds []string
 	// Up and Down are the file's two sections, as goose runs them.
 	Up, Down string
 	// Definitions are the function bodies the file can install, in file
@@ -81,6 +85,7 @@ var (
 	// The bookkeeping row a port's Up records for duroxide-pg's runner.
 	upstreamRowRE = regexp.MustCompile(`INSERT INTO _duroxide_migrations \(version, name\)\s+VALUES \((\d+), '([^']+)'\)`)
 	fixesRE       = regexp.MustCompile(`(?m)^-- Fixes: ([a-z_]+(?:, [a-z_]+)*)\s*$`)
+	addsRE        = regexp.MustCompile(`(?m)^-- Adds: ((?:table|index|function|trigger) [a-z_]+(?:, (?:table|index|function|trigger) [a-z_]+)*)\s*$`)
 	// A function body: CREATE [OR REPLACE] FUNCTION name(...) ... AS $fn$ body $fn$.
 	definitionRE = regexp.MustCompile(`(?s)CREATE (?:OR REPLACE )?FUNCTION ([a-z_]+)\(.*?AS \$fn\$(.*?)\$fn\$`)
 	// A row of a guard's VALUES table of known definitions.
@@ -170,9 +175,14 @@ func parse(file, num, text string) (Migration, error) {
 	if f := fixesRE.FindStringSubmatch(header); f != nil {
 		m.Fixes = strings.Split(f[1], ", ")
 	}
+	if a := addsRE.FindStringSubmatch(header); a != nil {
+		m.Adds = strings.Split(a[1], ", ")
+	}
 	switch {
 	case m.IsPort() && m.Fixes != nil:
 		return m, fmt.Errorf("%s: both ports upstream %d and fixes %v; one concern per migration", file, m.Upstream, m.Fixes)
+	case m.IsPort() && m.Adds != nil:
+		return m, fmt.Errorf("%s: a port adds nothing to upstream's catalog, yet it has an -- Adds: line", file)
 	case !m.IsPort() && m.Fixes == nil:
 		return m, fmt.Errorf("%s: neither records an upstream version in _duroxide_migrations nor names what it fixes (a '-- Fixes: function' header line)", file)
 	}
@@ -216,7 +226,8 @@ func Fixes() []Migration {
 	return out
 }
 
-// FixOf returns the fix migration of function name.
+// FixOf returns the first fix migration of function name: the one that
+// fixed its bug (a later fix of the same function builds on it).
 func FixOf(name string) (Migration, bool) {
 	for _, m := range Fixes() {
 		if slices.Contains(m.Fixes, name) {
@@ -224,6 +235,18 @@ func FixOf(name string) (Migration, bool) {
 		}
 	}
 	return Migration{}, false
+}
+
+// AddedBy lists the objects the fix migrations up to goose version v add
+// to upstream's catalog, in version order.
+func AddedBy(v int64) []string {
+	var out []string
+	for _, m := range Fixes() {
+		if m.Version <= v {
+			out = append(out, m.Adds...)
+		}
+	}
+	return out
 }
 
 // FetchFix is the pair of versions the repros and benchmarks compare: the

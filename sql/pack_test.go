@@ -61,8 +61,8 @@ func TestEveryFixNamesFunctionsItDefinesAndGuards(t *testing.T) {
 			}
 		}
 		for _, d := range m.Definitions {
-			if !slices.Contains(m.Fixes, d.Function) {
-				t.Errorf("%s defines %s, which its Fixes header does not name", m.File, d.Function)
+			if !slices.Contains(m.Fixes, d.Function) && !slices.Contains(m.Adds, "function "+d.Function) {
+				t.Errorf("%s defines %s, which neither its Fixes nor its Adds header names", m.File, d.Function)
 			}
 		}
 	}

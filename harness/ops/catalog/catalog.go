@@ -99,6 +99,53 @@ func Canonical(raw []byte) (Snapshot, error) {
 	return Snapshot(out), nil
 }
 
+// Without is s without the objects named (as a fix migration's "-- Adds:"
+// line names them: "table name" with its columns, constraints and indexes,
+// "index name" on any table, "function name" with every overload). Kinds
+// the snapshot does not hold (triggers) are ignored.
+func (s Snapshot) Without(objects []string) (Snapshot, error) {
+	var c map[string]any
+	dec := json.NewDecoder(bytes.NewReader(s))
+	dec.UseNumber()
+	if err := dec.Decode(&c); err != nil {
+		return nil, fmt.Errorf("decode catalog JSON: %w", err)
+	}
+	drop := map[string]map[string]bool{"table": {}, "index": {}, "function": {}}
+	for _, o := range objects {
+		kind, name, _ := strings.Cut(o, " ")
+		if set, ok := drop[kind]; ok {
+			set[name] = true
+		}
+	}
+	named := func(v any) string {
+		m, _ := v.(map[string]any)
+		n, _ := m["name"].(string)
+		return n
+	}
+	keep := func(list any, gone map[string]bool) []any {
+		items, _ := list.([]any)
+		out := []any{}
+		for _, it := range items {
+			if !gone[named(it)] {
+				out = append(out, it)
+			}
+		}
+		return out
+	}
+	tables := keep(c["tables"], drop["table"])
+	for _, t := range tables {
+		tm := t.(map[string]any)
+		tm["indexes"] = keep(tm["indexes"], drop["index"])
+	}
+	c["tables"] = tables
+	c["functions"] = keep(c["functions"], drop["function"])
+	raw, err := json.Marshal(c)
+	if err != nil {
+		return nil, err
+	}
+	return Canonical(raw)
+}
+
 // Empty reports whether the snapshot has no table, function or sequence.
 func (s Snapshot) Empty() bool {
 	var c struct {

@@ -307,7 +307,7 @@ func Functions(ctx context.Context, q Querier, schema string) ([]FunctionCheck, 
 				if d, ok := fingerprint.Identify(found[0]); ok {
 					c.Definition = d.Label
 					c.Verdict = Unfixed
-					if d.Fixed {
+					if fingerprint.FixedFrom(found[0], m.Version) {
 						c.Verdict = Fixed
 					}
 				}

@@ -204,6 +204,24 @@ func Identify(f Function) (Definition, bool) {
 	return Definition{}, false
 }
 
+// FixedFrom reports whether f is the definition of its function that a fix
+// migration of goose version version or later installs: a database holding
+// it has that fix (a later fix of the same function builds on the earlier
+// one).
+func FixedFrom(f Function, version int64) bool {
+	for _, m := range migrations.Fixes() {
+		if m.Version < version {
+			continue
+		}
+		for _, d := range m.Definitions {
+			if !d.Down && d.Function == f.Name && f.Matches(d.Fingerprint()) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // Allowed reports whether f is a definition a database at upstream state
 // upstream may hold: upstream's own text at that version, the pack's text
 // at that version, or a definition a fix migration knows with the same

@@ -1,0 +1,836 @@
+-- 0027_fetch_by_instance_head.sql
+-- Fixes: fetch_orchestration_item
+-- Adds: table orchestrator_queue_heads, index idx_orch_heads_order, index idx_orch_instance_head, function orchestrator_queue_head_offer, function orchestrator_queue_head_refresh, function orchestrator_queue_heads_after_insert, function orchestrator_queue_heads_after_delete, function orchestrator_queue_heads_after_update, function orchestrator_queue_heads_after_truncate, trigger orchestrator_queue_heads_after_insert, trigger orchestrator_queue_heads_after_delete, trigger orchestrator_queue_heads_after_update, trigger orchestrator_queue_heads_after_truncate
+--
+-- Not an upstream migration: this pack's fix of the cost of
+-- fetch_orchestration_item. Records nothing in _duroxide_migrations.
+--
+-- What: redefines fetch_orchestration_item with the same signature and the
+-- same results as 0020's fix (same clock model, bound, exclusion and
+-- order), and adds a per-instance index of the queue that its candidate
+-- search reads: one row per instance with queued messages, kept by
+-- triggers on orchestrator_queue.
+--
+-- Why: every fetch, an empty poll included, looked for its candidate by
+-- walking orchestrator_queue in (visible_at, id) order and testing, message
+-- by message, whether the message's instance holds a live lease. Messages
+-- of a leased instance (a fan-in orchestration receiving thousands of
+-- activity completions while it runs its turn) are interleaved with
+-- everyone else's, so each poll walked past all of them: cost linear in
+-- that backlog K (docs/design/fetch-scale.md: 0.3 to 0.6 s per empty poll
+-- at K = 100,000 on the production path, at 19 and at 0020 alike). 0020's
+-- version filter was also planned as a hash over every execution, per-poll
+-- work that grew with completed instances.
+--
+-- The fix:
+--   * orchestrator_queue_heads(instance_id, visible_at, id) holds, for every
+--     instance with at least one queued message, a key no later than the
+--     instance's oldest (visible_at, id). The candidate search scans it in
+--     (visible_at, id) order: a leased instance costs one skipped row, not
+--     one per message. The lease and version tests are correlated scalar
+--     subqueries on the candidate instance (never a hash over a table).
+--     Everything after the choice of candidate is 0020's.
+--   * The order is 0020's exactly: every test but visibility is per
+--     instance, and an instance has a visible message exactly when its
+--     oldest one is visible.
+--   * Triggers on orchestrator_queue keep the heads, whoever writes the
+--     queue (the pack's functions or upstream's, should duroxide-pg's runner
+--     reinstall them): a statement's inserts offer each instance's oldest
+--     new message; a statement's deletes bring the heads of the instances
+--     they touched up to date; a visible_at moved earlier is offered; a
+--     TRUNCATE empties the heads.
+--   * A head may be early (older than the instance's oldest message, or
+--     naming an instance whose messages are gone): the fetch then finds
+--     nothing claimable behind it under its re-check, brings it up to date
+--     and tries the next candidate. A head is never late or missing while
+--     its instance has a message. The locking guarantees that in READ
+--     COMMITTED, with no transaction waiting on one that waits on it:
+--       - a transaction that queues a message holds the instance's head key
+--         (an advisory lock, two-key space, class 2700) shared until it
+--         ends; when the message is not older than the existing head that
+--         is all it does, so enqueuers to one fan-in instance never wait on
+--         each other; when it is the instance's first, or older than its
+--         head, it also inserts or lowers the head (INSERT ... ON CONFLICT
+--         DO UPDATE ... WHERE older);
+--       - bringing a head up to date (after deletes, and in the fetch) takes
+--         the key exclusively with a try-lock: when a transaction that
+--         queued a message of the instance is still open, the head is left
+--         early; otherwise a new statement (a new snapshot) reads the
+--         instance's oldest message and rewrites or deletes the head, and a
+--         new enqueuer waits for that transaction, then reads the head again.
+--   * Writers under REPEATABLE READ or SERIALIZABLE are not covered by that
+--     argument (a new statement keeps the transaction's snapshot there);
+--     duroxide-pg runs its calls in READ COMMITTED, the default.
+--   * idx_orch_instance_head (instance_id, visible_at, id) finds one
+--     instance's oldest message in O(log n) whatever its backlog.
+--
+-- The deviation from upstream's catalog is one table, one index and six
+-- functions (the two helpers and four trigger functions), plus four
+-- triggers on orchestrator_queue. upstream's own functions never read the
+-- table and keep working with the triggers in place; upstream's
+-- cleanup_schema drops orchestrator_queue (and with it the triggers) but
+-- leaves the table and the helper functions, which are harmless there.
+--
+-- Which fetch it replaces: upstream's text at 19..23, the pack's 0019, the
+-- pack's 0020 fix, or this fix (installed again); anything else fails with
+-- SQLSTATE 55000 and changes nothing, as 0020's guard. The objects it adds
+-- are created only if missing, and the heads are rebuilt from the queue
+-- under a lock that keeps writers out meanwhile, so re-applying it is safe.
+--
+-- Down restores 0020's fix over any definition the Up knows (refusing an
+-- unknown one, as the Up) and drops the triggers, the functions, the table
+-- and the indexes it added.
+
+-- +goose Up
+-- +goose StatementBegin
+DO $guard$
+DECLARE
+    v_raw text;
+    v_normalized text;
+    v_definition text;
+BEGIN
+    SELECT md5(p.prosrc), md5(replace(p.prosrc, n.nspname || '.', '@schema@.'))
+    INTO v_raw, v_normalized
+    FROM pg_proc p
+    JOIN pg_namespace n ON n.oid = p.pronamespace
+    WHERE n.nspname = current_schema()
+      AND p.proname = 'fetch_orchestration_item'
+      AND pg_get_function_identity_arguments(p.oid)
+          = 'p_now_ms bigint, p_lock_timeout_ms bigint, p_min_version_packed bigint, p_max_version_packed bigint';
+    IF NOT FOUND THEN
+        RAISE EXCEPTION '0027: schema % has no fetch_orchestration_item(bigint, bigint, bigint, bigint); nothing was changed', current_schema()
+            USING ERRCODE = '55000',
+                  HINT = 'This fix applies to duroxide-pg schema version 19 and later.';
+    END IF;
+
+    -- (function, fingerprint, definition, upstream behaviour, carries the fix)
+    SELECT k.definition INTO v_definition
+    FROM (VALUES
+        ('fetch_orchestration_item', '47b1420f427a8c6faea3d15593c06e41', 'upstream 19-23', 19, false),
+        ('fetch_orchestration_item', '899345d84cfc6d76afbfa8601405c873', 'pack 0019', 19, false),
+        ('fetch_orchestration_item', '40c5d3467a5676a1ec38502e190ae645', 'pack 0020 fix', 19, true),
+        ('fetch_orchestration_item', '10fbacba6a5c24f72547b794bce6755f', 'pack 0027 fix', 19, true)
+    ) AS k(function_name, fingerprint, definition, behaves_as, fixed)
+    WHERE k.fingerprint IN (v_raw, v_normalized);
+    IF NOT FOUND THEN
+        RAISE EXCEPTION '0027: fetch_orchestration_item in schema % has a definition this migration does not know (fingerprint %); nothing was changed', current_schema(), v_normalized
+            USING ERRCODE = '55000',
+                  HINT = 'It was edited by hand or comes from a duroxide-pg release newer than this pack knows. `harness doctor` shows what is installed; compare it with upstream''s before going on.';
+    END IF;
+    RAISE NOTICE '0027: fetch_orchestration_item was %; %', v_definition, 'installing the fix';
+END;
+$guard$;
+-- +goose StatementEnd
+
+-- +goose StatementBegin
+CREATE TABLE IF NOT EXISTS orchestrator_queue_heads (
+    instance_id text PRIMARY KEY,
+    visible_at timestamptz NOT NULL,
+    id bigint NOT NULL
+);
+-- +goose StatementEnd
+
+-- The head order the fetch scans; instance_id included so that the scan
+-- need not visit the table on a vacuumed page.
+-- +goose StatementBegin
+CREATE INDEX IF NOT EXISTS idx_orch_heads_order
+    ON orchestrator_queue_heads (visible_at, id) INCLUDE (instance_id);
+-- +goose StatementEnd
+
+-- One instance's oldest message in O(log n), whatever its backlog.
+-- +goose StatementBegin
+CREATE INDEX IF NOT EXISTS idx_orch_instance_head
+    ON orchestrator_queue (instance_id, visible_at, id);
+-- +goose StatementEnd
+
+-- Offer message (p_visible_at, p_id) of p_instance_id as its head: after
+-- it, the head is no later than the message, and no refresh can move it
+-- past the message before this transaction ends. The instance's head key
+-- in the two-key advisory space, class 2700 (0020's fetch uses the one-key
+-- space, 0025 class 1400), is held shared by every transaction that offers
+-- a message of the instance, and taken exclusively, never waited for, by a
+-- refresh.
+-- +goose StatementBegin
+CREATE OR REPLACE FUNCTION orchestrator_queue_head_offer(p_instance_id text, p_visible_at timestamptz, p_id bigint)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $fn$
+DECLARE
+    v_visible_at timestamptz;
+    v_id bigint;
+BEGIN
+    PERFORM pg_advisory_xact_lock_shared(2700, hashtext(p_instance_id));
+    -- A new statement: it sees whatever a refresh that held the key wrote.
+    SELECT h.visible_at, h.id INTO v_visible_at, v_id
+    FROM orchestrator_queue_heads h
+    WHERE h.instance_id = p_instance_id;
+    IF FOUND AND (v_visible_at, v_id) <= (p_visible_at, p_id) THEN
+        RETURN;  -- the common case: a message behind an existing head
+    END IF;
+    -- The instance's first message, or one older than its head.
+    INSERT INTO orchestrator_queue_heads AS h (instance_id, visible_at, id)
+    VALUES (p_instance_id, p_visible_at, p_id)
+    ON CONFLICT (instance_id) DO UPDATE
+       SET visible_at = EXCLUDED.visible_at, id = EXCLUDED.id
+     WHERE (h.visible_at, h.id) > (EXCLUDED.visible_at, EXCLUDED.id);
+END;
+$fn$;
+-- +goose StatementEnd
+
+-- Bring the head of p_instance_id up to date, unless a transaction that
+-- offered a message of the instance is still open (then the head stays
+-- early, which is safe): never waits.
+-- +goose StatementBegin
+CREATE OR REPLACE FUNCTION orchestrator_queue_head_refresh(p_instance_id text)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $fn$
+DECLARE
+    v_visible_at timestamptz;
+    v_id bigint;
+BEGIN
+    IF NOT pg_try_advisory_xact_lock(2700, hashtext(p_instance_id)) THEN
+        RETURN;
+    END IF;
+    -- A new statement, so a new snapshot: every offer of this instance that
+    -- can still commit has committed, and a new one waits for this
+    -- transaction.
+    SELECT q.visible_at, q.id INTO v_visible_at, v_id
+    FROM orchestrator_queue q
+    WHERE q.instance_id = p_instance_id
+    ORDER BY q.visible_at, q.id
+    LIMIT 1;
+    IF FOUND THEN
+        INSERT INTO orchestrator_queue_heads AS h (instance_id, visible_at, id)
+        VALUES (p_instance_id, v_visible_at, v_id)
+        ON CONFLICT (instance_id) DO UPDATE
+           SET visible_at = EXCLUDED.visible_at, id = EXCLUDED.id
+         WHERE (h.visible_at, h.id) IS DISTINCT FROM (EXCLUDED.visible_at, EXCLUDED.id);
+    ELSE
+        DELETE FROM orchestrator_queue_heads WHERE instance_id = p_instance_id;
+    END IF;
+END;
+$fn$;
+-- +goose StatementEnd
+
+-- +goose StatementBegin
+CREATE OR REPLACE FUNCTION orchestrator_queue_heads_after_insert()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $fn$
+DECLARE
+    r record;
+BEGIN
+    -- Each instance's oldest new message, in instance order (one lock
+    -- order for every statement).
+    FOR r IN
+        SELECT DISTINCT ON (n.instance_id) n.instance_id, n.visible_at, n.id
+        FROM new_rows n
+        ORDER BY n.instance_id, n.visible_at, n.id
+    LOOP
+        PERFORM orchestrator_queue_head_offer(r.instance_id, r.visible_at, r.id);
+    END LOOP;
+    RETURN NULL;
+END;
+$fn$;
+-- +goose StatementEnd
+
+-- +goose StatementBegin
+CREATE OR REPLACE FUNCTION orchestrator_queue_heads_after_delete()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $fn$
+DECLARE
+    r record;
+BEGIN
+    FOR r IN
+        SELECT DISTINCT o.instance_id
+        FROM old_rows o
+        ORDER BY o.instance_id
+    LOOP
+        PERFORM orchestrator_queue_head_refresh(r.instance_id);
+    END LOOP;
+    RETURN NULL;
+END;
+$fn$;
+-- +goose StatementEnd
+
+-- A message moved earlier (or to another instance) is offered again; one
+-- moved later only leaves its head early.
+-- +goose StatementBegin
+CREATE OR REPLACE FUNCTION orchestrator_queue_heads_after_update()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $fn$
+BEGIN
+    PERFORM orchestrator_queue_head_offer(NEW.instance_id, NEW.visible_at, NEW.id);
+    RETURN NULL;
+END;
+$fn$;
+-- +goose StatementEnd
+
+-- +goose StatementBegin
+CREATE OR REPLACE FUNCTION orchestrator_queue_heads_after_truncate()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $fn$
+BEGIN
+    DELETE FROM orchestrator_queue_heads;
+    RETURN NULL;
+END;
+$fn$;
+-- +goose StatementEnd
+
+-- Writers wait from here to the end of the migration's transaction, so the
+-- heads built below miss nothing.
+LOCK TABLE orchestrator_queue IN SHARE ROW EXCLUSIVE MODE;
+
+DROP TRIGGER IF EXISTS orchestrator_queue_heads_after_insert ON orchestrator_queue;
+CREATE TRIGGER orchestrator_queue_heads_after_insert
+    AFTER INSERT ON orchestrator_queue
+    REFERENCING NEW TABLE AS new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION orchestrator_queue_heads_after_insert();
+DROP TRIGGER IF EXISTS orchestrator_queue_heads_after_delete ON orchestrator_queue;
+CREATE TRIGGER orchestrator_queue_heads_after_delete
+    AFTER DELETE ON orchestrator_queue
+    REFERENCING OLD TABLE AS old_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION orchestrator_queue_heads_after_delete();
+DROP TRIGGER IF EXISTS orchestrator_queue_heads_after_update ON orchestrator_queue;
+CREATE TRIGGER orchestrator_queue_heads_after_update
+    AFTER UPDATE OF visible_at, instance_id, id ON orchestrator_queue
+    FOR EACH ROW
+    WHEN (NEW.visible_at < OLD.visible_at OR NEW.instance_id IS DISTINCT FROM OLD.instance_id OR NEW.id <> OLD.id)
+    EXECUTE FUNCTION orchestrator_queue_heads_after_update();
+DROP TRIGGER IF EXISTS orchestrator_queue_heads_after_truncate ON orchestrator_queue;
+CREATE TRIGGER orchestrator_queue_heads_after_truncate
+    AFTER TRUNCATE ON orchestrator_queue
+    FOR EACH STATEMENT EXECUTE FUNCTION orchestrator_queue_heads_after_truncate();
+
+DELETE FROM orchestrator_queue_heads;
+INSERT INTO orchestrator_queue_heads (instance_id, visible_at, id)
+SELECT DISTINCT ON (q.instance_id) q.instance_id, q.visible_at, q.id
+FROM orchestrator_queue q
+ORDER BY q.instance_id, q.visible_at, q.id;
+
+-- +goose StatementBegin
+CREATE OR REPLACE FUNCTION fetch_orchestration_item(
+    p_now_ms bigint,
+    p_lock_timeout_ms bigint,
+    p_min_version_packed bigint DEFAULT NULL,
+    p_max_version_packed bigint DEFAULT NULL
+)
+RETURNS TABLE(
+    out_instance_id text,
+    out_orchestration_name text,
+    out_orchestration_version text,
+    out_execution_id bigint,
+    out_history jsonb,
+    out_messages jsonb,
+    out_lock_token text,
+    out_attempt_count integer,
+    out_kv_snapshot jsonb
+)
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $fn$
+DECLARE
+    -- At most this many candidates are tried per call.
+    c_max_candidates CONSTANT integer := 32;
+    -- Longest lease accepted: one day.
+    c_max_lock_timeout_ms CONSTANT bigint := 86400000;
+
+    v_stmt_ms bigint;     -- database clock when the statement started
+    v_now_ms bigint;      -- the caller's clock, carried forward
+    v_db_ms bigint;       -- database clock, read just before returning
+    v_lease_end bigint;
+    v_tried text[] := '{}';
+    v_instance_id text;
+    v_existing_until bigint;
+    v_lock_token text;
+    v_messages jsonb;
+    v_attempt_count integer;
+    v_history jsonb;
+    v_name text;
+    v_version text;
+    v_exec_id bigint;
+    v_kv jsonb;
+BEGIN
+    IF p_now_ms IS NULL OR p_now_ms < 0 THEN
+        RAISE EXCEPTION 'fetch_orchestration_item: p_now_ms must be a non-negative epoch time in milliseconds, got %', p_now_ms
+            USING ERRCODE = '22023';
+    END IF;
+    IF p_lock_timeout_ms IS NULL OR p_lock_timeout_ms <= 0 OR p_lock_timeout_ms > c_max_lock_timeout_ms THEN
+        RAISE EXCEPTION 'fetch_orchestration_item: p_lock_timeout_ms must be between 1 and % milliseconds, got %',
+            c_max_lock_timeout_ms, p_lock_timeout_ms
+            USING ERRCODE = '22023';
+    END IF;
+
+    v_stmt_ms := floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint;
+
+    FOR v_attempt IN 1..c_max_candidates LOOP
+        v_now_ms := p_now_ms + (floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint - v_stmt_ms);
+
+        -- The eligible instance with the oldest queue head that has not
+        -- been tried yet: its head visible by the caller's clock, no live
+        -- instance lock, and (filter mode only) its current execution
+        -- unpinned or pinned to a packed version inside [min, max] (a NULL
+        -- bound or a NULL minor/patch fails the range test, as at version
+        -- 19). One head row per instance: an instance with a live lease
+        -- costs one skipped row however many messages wait behind it. Both
+        -- instance tests are correlated scalar subqueries, so the plan is
+        -- one ordered scan of idx_orch_heads_order under the LIMIT with the
+        -- tests as filters, never a hash over a whole table.
+        SELECT h.instance_id INTO v_instance_id
+        FROM orchestrator_queue_heads h
+        WHERE h.visible_at <= to_timestamp(v_now_ms / 1000.0)
+          AND NOT (h.instance_id = ANY (v_tried))
+          AND NOT coalesce((
+              SELECT il.locked_until > v_now_ms
+              FROM instance_locks il
+              WHERE il.instance_id = h.instance_id), false)
+          AND (p_min_version_packed IS NULL OR coalesce((
+              SELECT e.duroxide_version_major IS NULL
+                     OR coalesce(
+                         (e.duroxide_version_major::bigint * 1000000 + e.duroxide_version_minor * 1000 + e.duroxide_version_patch)
+                             BETWEEN p_min_version_packed AND p_max_version_packed,
+                         false)
+              FROM instances i
+              JOIN executions e
+                ON e.instance_id = i.instance_id AND e.execution_id = i.current_execution_id
+              WHERE i.instance_id = h.instance_id), true))
+        ORDER BY h.visible_at, h.id
+        LIMIT 1;
+
+        IF NOT FOUND THEN
+            RETURN;  -- nothing claimable
+        END IF;
+        v_tried := v_tried || v_instance_id;
+
+        -- Another session is fetching this instance: move on, never wait.
+        IF NOT pg_try_advisory_xact_lock(hashtext(v_instance_id)) THEN
+            CONTINUE;
+        END IF;
+
+        -- Re-check under a row lock, skipping rows other sessions hold.
+        PERFORM 1
+        FROM orchestrator_queue q
+        WHERE q.instance_id = v_instance_id
+          AND q.visible_at <= to_timestamp(v_now_ms / 1000.0)
+          AND NOT EXISTS (
+              SELECT 1 FROM instance_locks il
+              WHERE il.instance_id = q.instance_id AND il.locked_until > v_now_ms)
+          AND (p_min_version_packed IS NULL OR NOT EXISTS (
+              SELECT 1
+              FROM instances i
+              JOIN executions e
+                ON e.instance_id = i.instance_id AND e.execution_id = i.current_execution_id
+              WHERE i.instance_id = q.instance_id
+                AND e.duroxide_version_major IS NOT NULL
+                AND NOT coalesce(
+                    (e.duroxide_version_major::bigint * 1000000 + e.duroxide_version_minor * 1000 + e.duroxide_version_patch)
+                        BETWEEN p_min_version_packed AND p_max_version_packed,
+                    false)))
+        LIMIT 1
+        FOR UPDATE OF q SKIP LOCKED;
+        IF NOT FOUND THEN
+            -- Nothing claimable behind this head (it may be early: see the
+            -- header): bring it up to date, never waiting, and move on.
+            PERFORM orchestrator_queue_head_refresh(v_instance_id);
+            CONTINUE;
+        END IF;
+
+        -- Take the instance lease. An existing lock row that another session
+        -- holds (an ack, renew or abandon in flight) is skipped, not waited
+        -- for; one that is still live by the caller's clock is respected.
+        v_lock_token := 'lock_' || gen_random_uuid()::text;
+        SELECT il.locked_until INTO v_existing_until
+        FROM instance_locks il
+        WHERE il.instance_id = v_instance_id
+        FOR UPDATE SKIP LOCKED;
+        IF FOUND THEN
+            IF v_existing_until > v_now_ms THEN
+                CONTINUE;
+            END IF;
+            UPDATE instance_locks
+               SET lock_token = v_lock_token,
+                   locked_until = v_now_ms + p_lock_timeout_ms,
+                   locked_at = v_now_ms
+             WHERE instance_id = v_instance_id;
+        ELSE
+            INSERT INTO instance_locks (instance_id, lock_token, locked_until, locked_at)
+            VALUES (v_instance_id, v_lock_token, v_now_ms + p_lock_timeout_ms, v_now_ms)
+            ON CONFLICT (instance_id) DO NOTHING;
+            IF NOT FOUND THEN
+                CONTINUE;  -- the row exists and another session holds it
+            END IF;
+        END IF;
+
+        -- Claim every visible message of the instance that carries no live
+        -- foreign claim, skipping rows other sessions hold.
+        UPDATE orchestrator_queue q
+           SET lock_token = v_lock_token,
+               locked_until = v_now_ms + p_lock_timeout_ms,
+               attempt_count = q.attempt_count + 1
+         WHERE q.id IN (
+               SELECT c.id
+               FROM orchestrator_queue c
+               WHERE c.instance_id = v_instance_id
+                 AND c.visible_at <= to_timestamp(v_now_ms / 1000.0)
+                 AND (c.lock_token IS NULL OR c.locked_until <= v_now_ms)
+               FOR UPDATE SKIP LOCKED);
+
+        SELECT coalesce(jsonb_agg(q.work_item::jsonb ORDER BY q.id), '[]'::jsonb),
+               coalesce(max(q.attempt_count), 1)
+          INTO v_messages, v_attempt_count
+        FROM orchestrator_queue q
+        WHERE q.lock_token = v_lock_token;
+
+        SELECT i.orchestration_name, coalesce(i.orchestration_version, 'unknown'), i.current_execution_id
+          INTO v_name, v_version, v_exec_id
+        FROM instances i
+        WHERE i.instance_id = v_instance_id;
+
+        IF FOUND THEN
+            SELECT coalesce(jsonb_agg(h.event_data::jsonb ORDER BY h.event_id), '[]'::jsonb)
+              INTO v_history
+            FROM history h
+            WHERE h.instance_id = v_instance_id AND h.execution_id = v_exec_id;
+        ELSE
+            -- No instances row yet: all history of the instance, and the
+            -- name, version and execution from the first rule that matches.
+            SELECT coalesce(jsonb_agg(h.event_data::jsonb ORDER BY h.execution_id, h.event_id), '[]'::jsonb)
+              INTO v_history
+            FROM history h
+            WHERE h.instance_id = v_instance_id;
+
+            IF jsonb_array_length(v_history) > 0 AND (v_history -> 0) ? 'OrchestrationStarted' THEN
+                v_name := v_history -> 0 -> 'OrchestrationStarted' ->> 'name';
+                v_version := v_history -> 0 -> 'OrchestrationStarted' ->> 'version';
+                v_exec_id := 1;
+            ELSIF jsonb_array_length(v_messages) > 0 AND (v_messages -> 0) ? 'StartOrchestration' THEN
+                v_name := v_messages -> 0 -> 'StartOrchestration' ->> 'orchestration';
+                v_version := coalesce(v_messages -> 0 -> 'StartOrchestration' ->> 'version', 'unknown');
+                v_exec_id := coalesce((v_messages -> 0 -> 'StartOrchestration' ->> 'execution_id')::bigint, 1);
+            ELSIF jsonb_array_length(v_messages) > 0 AND (v_messages -> 0) ? 'ContinueAsNew' THEN
+                v_name := v_messages -> 0 -> 'ContinueAsNew' ->> 'orchestration';
+                v_version := coalesce(v_messages -> 0 -> 'ContinueAsNew' ->> 'version', 'unknown');
+                v_exec_id := 1;
+            ELSE
+                v_name := 'Unknown';
+                v_version := 'unknown';
+                v_exec_id := 1;
+            END IF;
+        END IF;
+
+        SELECT coalesce(jsonb_object_agg(kv.key,
+                   jsonb_build_object('value', kv.value, 'last_updated_at_ms', kv.last_updated_at_ms)), '{}'::jsonb)
+          INTO v_kv
+        FROM kv_store kv
+        WHERE kv.instance_id = v_instance_id;
+
+        -- The lease starts now, after all the work above: the later of the
+        -- caller's clock and the database's, plus the timeout.
+        v_db_ms := floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint;
+        v_now_ms := p_now_ms + (v_db_ms - v_stmt_ms);
+        v_lease_end := greatest(v_now_ms, v_db_ms) + p_lock_timeout_ms;
+        UPDATE instance_locks SET locked_until = v_lease_end
+         WHERE instance_id = v_instance_id AND lock_token = v_lock_token;
+        UPDATE orchestrator_queue SET locked_until = v_lease_end
+         WHERE lock_token = v_lock_token;
+
+        RETURN QUERY SELECT v_instance_id, v_name, v_version, v_exec_id, v_history,
+                            v_messages, v_lock_token, v_attempt_count, v_kv;
+        RETURN;
+    END LOOP;
+    -- Every candidate tried was contended: no row, the caller polls again.
+END;
+$fn$;
+-- +goose StatementEnd
+
+-- +goose Down
+-- +goose StatementBegin
+DO $guard$
+DECLARE
+    v_raw text;
+    v_normalized text;
+    v_definition text;
+BEGIN
+    SELECT md5(p.prosrc), md5(replace(p.prosrc, n.nspname || '.', '@schema@.'))
+    INTO v_raw, v_normalized
+    FROM pg_proc p
+    JOIN pg_namespace n ON n.oid = p.pronamespace
+    WHERE n.nspname = current_schema()
+      AND p.proname = 'fetch_orchestration_item'
+      AND pg_get_function_identity_arguments(p.oid)
+          = 'p_now_ms bigint, p_lock_timeout_ms bigint, p_min_version_packed bigint, p_max_version_packed bigint';
+    IF NOT FOUND THEN
+        RAISE EXCEPTION '0027: schema % has no fetch_orchestration_item(bigint, bigint, bigint, bigint); nothing was changed', current_schema()
+            USING ERRCODE = '55000',
+                  HINT = 'This fix applies to duroxide-pg schema version 19 and later.';
+    END IF;
+
+    -- (function, fingerprint, definition, upstream behaviour, carries the fix)
+    SELECT k.definition INTO v_definition
+    FROM (VALUES
+        ('fetch_orchestration_item', '47b1420f427a8c6faea3d15593c06e41', 'upstream 19-23', 19, false),
+        ('fetch_orchestration_item', '899345d84cfc6d76afbfa8601405c873', 'pack 0019', 19, false),
+        ('fetch_orchestration_item', '40c5d3467a5676a1ec38502e190ae645', 'pack 0020 fix', 19, true),
+        ('fetch_orchestration_item', '10fbacba6a5c24f72547b794bce6755f', 'pack 0027 fix', 19, true)
+    ) AS k(function_name, fingerprint, definition, behaves_as, fixed)
+    WHERE k.fingerprint IN (v_raw, v_normalized);
+    IF NOT FOUND THEN
+        RAISE EXCEPTION '0027: fetch_orchestration_item in schema % has a definition this migration does not know (fingerprint %); nothing was changed', current_schema(), v_normalized
+            USING ERRCODE = '55000',
+                  HINT = 'It was edited by hand or comes from a duroxide-pg release newer than this pack knows. `harness doctor` shows what is installed; compare it with upstream''s before going on.';
+    END IF;
+    RAISE NOTICE '0027: fetch_orchestration_item was %; %', v_definition, 'restoring 0020''s fix';
+END;
+$guard$;
+-- +goose StatementEnd
+
+-- Restore 0020's fix, verbatim from 0020_fetch_lease_valid_at_return.sql.
+-- +goose StatementBegin
+CREATE OR REPLACE FUNCTION fetch_orchestration_item(
+    p_now_ms bigint,
+    p_lock_timeout_ms bigint,
+    p_min_version_packed bigint DEFAULT NULL,
+    p_max_version_packed bigint DEFAULT NULL
+)
+RETURNS TABLE(
+    out_instance_id text,
+    out_orchestration_name text,
+    out_orchestration_version text,
+    out_execution_id bigint,
+    out_history jsonb,
+    out_messages jsonb,
+    out_lock_token text,
+    out_attempt_count integer,
+    out_kv_snapshot jsonb
+)
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $fn$
+DECLARE
+    -- At most this many candidates are tried per call.
+    c_max_candidates CONSTANT integer := 32;
+    -- Longest lease accepted: one day.
+    c_max_lock_timeout_ms CONSTANT bigint := 86400000;
+
+    v_stmt_ms bigint;     -- database clock when the statement started
+    v_now_ms bigint;      -- the caller's clock, carried forward
+    v_db_ms bigint;       -- database clock, read just before returning
+    v_lease_end bigint;
+    v_tried text[] := '{}';
+    v_instance_id text;
+    v_existing_until bigint;
+    v_lock_token text;
+    v_messages jsonb;
+    v_attempt_count integer;
+    v_history jsonb;
+    v_name text;
+    v_version text;
+    v_exec_id bigint;
+    v_kv jsonb;
+BEGIN
+    IF p_now_ms IS NULL OR p_now_ms < 0 THEN
+        RAISE EXCEPTION 'fetch_orchestration_item: p_now_ms must be a non-negative epoch time in milliseconds, got %', p_now_ms
+            USING ERRCODE = '22023';
+    END IF;
+    IF p_lock_timeout_ms IS NULL OR p_lock_timeout_ms <= 0 OR p_lock_timeout_ms > c_max_lock_timeout_ms THEN
+        RAISE EXCEPTION 'fetch_orchestration_item: p_lock_timeout_ms must be between 1 and % milliseconds, got %',
+            c_max_lock_timeout_ms, p_lock_timeout_ms
+            USING ERRCODE = '22023';
+    END IF;
+
+    v_stmt_ms := floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint;
+
+    FOR v_attempt IN 1..c_max_candidates LOOP
+        v_now_ms := p_now_ms + (floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint - v_stmt_ms);
+
+        -- The oldest eligible message whose instance has not been tried yet:
+        -- visible by the caller's clock, no live instance lock, and (filter
+        -- mode only) the instance's current execution is unpinned, or pinned
+        -- to a packed version inside [min, max] (a NULL bound or a NULL
+        -- minor/patch fails the range test, as at version 19).
+        SELECT q.instance_id INTO v_instance_id
+        FROM orchestrator_queue q
+        WHERE q.visible_at <= to_timestamp(v_now_ms / 1000.0)
+          AND NOT (q.instance_id = ANY (v_tried))
+          AND NOT EXISTS (
+              SELECT 1 FROM instance_locks il
+              WHERE il.instance_id = q.instance_id AND il.locked_until > v_now_ms)
+          AND (p_min_version_packed IS NULL OR NOT EXISTS (
+              SELECT 1
+              FROM instances i
+              JOIN executions e
+                ON e.instance_id = i.instance_id AND e.execution_id = i.current_execution_id
+              WHERE i.instance_id = q.instance_id
+                AND e.duroxide_version_major IS NOT NULL
+                AND NOT coalesce(
+                    (e.duroxide_version_major::bigint * 1000000 + e.duroxide_version_minor * 1000 + e.duroxide_version_patch)
+                        BETWEEN p_min_version_packed AND p_max_version_packed,
+                    false)))
+        ORDER BY q.visible_at, q.id
+        LIMIT 1;
+
+        IF NOT FOUND THEN
+            RETURN;  -- nothing claimable
+        END IF;
+        v_tried := v_tried || v_instance_id;
+
+        -- Another session is fetching this instance: move on, never wait.
+        IF NOT pg_try_advisory_xact_lock(hashtext(v_instance_id)) THEN
+            CONTINUE;
+        END IF;
+
+        -- Re-check under a row lock, skipping rows other sessions hold.
+        PERFORM 1
+        FROM orchestrator_queue q
+        WHERE q.instance_id = v_instance_id
+          AND q.visible_at <= to_timestamp(v_now_ms / 1000.0)
+          AND NOT EXISTS (
+              SELECT 1 FROM instance_locks il
+              WHERE il.instance_id = q.instance_id AND il.locked_until > v_now_ms)
+          AND (p_min_version_packed IS NULL OR NOT EXISTS (
+              SELECT 1
+              FROM instances i
+              JOIN executions e
+                ON e.instance_id = i.instance_id AND e.execution_id = i.current_execution_id
+              WHERE i.instance_id = q.instance_id
+                AND e.duroxide_version_major IS NOT NULL
+                AND NOT coalesce(
+                    (e.duroxide_version_major::bigint * 1000000 + e.duroxide_version_minor * 1000 + e.duroxide_version_patch)
+                        BETWEEN p_min_version_packed AND p_max_version_packed,
+                    false)))
+        LIMIT 1
+        FOR UPDATE OF q SKIP LOCKED;
+        IF NOT FOUND THEN
+            CONTINUE;
+        END IF;
+
+        -- Take the instance lease. An existing lock row that another session
+        -- holds (an ack, renew or abandon in flight) is skipped, not waited
+        -- for; one that is still live by the caller's clock is respected.
+        v_lock_token := 'lock_' || gen_random_uuid()::text;
+        SELECT il.locked_until INTO v_existing_until
+        FROM instance_locks il
+        WHERE il.instance_id = v_instance_id
+        FOR UPDATE SKIP LOCKED;
+        IF FOUND THEN
+            IF v_existing_until > v_now_ms THEN
+                CONTINUE;
+            END IF;
+            UPDATE instance_locks
+               SET lock_token = v_lock_token,
+                   locked_until = v_now_ms + p_lock_timeout_ms,
+                   locked_at = v_now_ms
+             WHERE instance_id = v_instance_id;
+        ELSE
+            INSERT INTO instance_locks (instance_id, lock_token, locked_until, locked_at)
+            VALUES (v_instance_id, v_lock_token, v_now_ms + p_lock_timeout_ms, v_now_ms)
+            ON CONFLICT (instance_id) DO NOTHING;
+            IF NOT FOUND THEN
+                CONTINUE;  -- the row exists and another session holds it
+            END IF;
+        END IF;
+
+        -- Claim every visible message of the instance that carries no live
+        -- foreign claim, skipping rows other sessions hold.
+        UPDATE orchestrator_queue q
+           SET lock_token = v_lock_token,
+               locked_until = v_now_ms + p_lock_timeout_ms,
+               attempt_count = q.attempt_count + 1
+         WHERE q.id IN (
+               SELECT c.id
+               FROM orchestrator_queue c
+               WHERE c.instance_id = v_instance_id
+                 AND c.visible_at <= to_timestamp(v_now_ms / 1000.0)
+                 AND (c.lock_token IS NULL OR c.locked_until <= v_now_ms)
+               FOR UPDATE SKIP LOCKED);
+
+        SELECT coalesce(jsonb_agg(q.work_item::jsonb ORDER BY q.id), '[]'::jsonb),
+               coalesce(max(q.attempt_count), 1)
+          INTO v_messages, v_attempt_count
+        FROM orchestrator_queue q
+        WHERE q.lock_token = v_lock_token;
+
+        SELECT i.orchestration_name, coalesce(i.orchestration_version, 'unknown'), i.current_execution_id
+          INTO v_name, v_version, v_exec_id
+        FROM instances i
+        WHERE i.instance_id = v_instance_id;
+
+        IF FOUND THEN
+            SELECT coalesce(jsonb_agg(h.event_data::jsonb ORDER BY h.event_id), '[]'::jsonb)
+              INTO v_history
+            FROM history h
+            WHERE h.instance_id = v_instance_id AND h.execution_id = v_exec_id;
+        ELSE
+            -- No instances row yet: all history of the instance, and the
+            -- name, version and execution from the first rule that matches.
+            SELECT coalesce(jsonb_agg(h.event_data::jsonb ORDER BY h.execution_id, h.event_id), '[]'::jsonb)
+              INTO v_history
+            FROM history h
+            WHERE h.instance_id = v_instance_id;
+
+            IF jsonb_array_length(v_history) > 0 AND (v_history -> 0) ? 'OrchestrationStarted' THEN
+                v_name := v_history -> 0 -> 'OrchestrationStarted' ->> 'name';
+                v_version := v_history -> 0 -> 'OrchestrationStarted' ->> 'version';
+                v_exec_id := 1;
+            ELSIF jsonb_array_length(v_messages) > 0 AND (v_messages -> 0) ? 'StartOrchestration' THEN
+                v_name := v_messages -> 0 -> 'StartOrchestration' ->> 'orchestration';
+                v_version := coalesce(v_messages -> 0 -> 'StartOrchestration' ->> 'version', 'unknown');
+                v_exec_id := coalesce((v_messages -> 0 -> 'StartOrchestration' ->> 'execution_id')::bigint, 1);
+            ELSIF jsonb_array_length(v_messages) > 0 AND (v_messages -> 0) ? 'ContinueAsNew' THEN
+                v_name := v_messages -> 0 -> 'ContinueAsNew' ->> 'orchestration';
+                v_version := coalesce(v_messages -> 0 -> 'ContinueAsNew' ->> 'version', 'unknown');
+                v_exec_id := 1;
+            ELSE
+                v_name := 'Unknown';
+                v_version := 'unknown';
+                v_exec_id := 1;
+            END IF;
+        END IF;
+
+        SELECT coalesce(jsonb_object_agg(kv.key,
+                   jsonb_build_object('value', kv.value, 'last_updated_at_ms', kv.last_updated_at_ms)), '{}'::jsonb)
+          INTO v_kv
+        FROM kv_store kv
+        WHERE kv.instance_id = v_instance_id;
+
+        -- The lease starts now, after all the work above: the later of the
+        -- caller's clock and the database's, plus the timeout.
+        v_db_ms := floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint;
+        v_now_ms := p_now_ms + (v_db_ms - v_stmt_ms);
+        v_lease_end := greatest(v_now_ms, v_db_ms) + p_lock_timeout_ms;
+        UPDATE instance_locks SET locked_until = v_lease_end
+         WHERE instance_id = v_instance_id AND lock_token = v_lock_token;
+        UPDATE orchestrator_queue SET locked_until = v_lease_end
+         WHERE lock_token = v_lock_token;
+
+        RETURN QUERY SELECT v_instance_id, v_name, v_version, v_exec_id, v_history,
+                            v_messages, v_lock_token, v_attempt_count, v_kv;
+        RETURN;
+    END LOOP;
+    -- Every candidate tried was contended: no row, the caller polls again.
+END;
+$fn$;
+-- +goose StatementEnd
+
+DROP TRIGGER IF EXISTS orchestrator_queue_heads_after_insert ON orchestrator_queue;
+DROP TRIGGER IF EXISTS orchestrator_queue_heads_after_delete ON orchestrator_queue;
+DROP TRIGGER IF EXISTS orchestrator_queue_heads_after_update ON orchestrator_queue;
+DROP TRIGGER IF EXISTS orchestrator_queue_heads_after_truncate ON orchestrator_queue;
+DROP FUNCTION IF EXISTS orchestrator_queue_heads_after_insert();
+DROP FUNCTION IF EXISTS orchestrator_queue_heads_after_delete();
+DROP FUNCTION IF EXISTS orchestrator_queue_heads_after_update();
+DROP FUNCTION IF EXISTS orchestrator_queue_heads_after_truncate();
+DROP FUNCTION IF EXISTS orchestrator_queue_head_refresh(text);
+DROP FUNCTION IF EXISTS orchestrator_queue_head_offer(text, timestamptz, bigint);
+DROP INDEX IF EXISTS idx_orch_instance_head;
+DROP TABLE IF EXISTS orchestrator_queue_heads;
