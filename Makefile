@@ -29,7 +29,7 @@ repro: ## show the bugs and the fixes on a throwaway PostgreSQL: orchestration f
 	@mkdir -p $(OUT)
 	$(HARNESS) repro all --report $(OUT) --json $(OUT)/repro.json
 
-bench: ## speed side by side in one run: 0019 vs 0020 (worker: 0024 vs 0026; scale: 0019 vs the latest), about 9 min; writes docs/bench/
+bench: ## speed side by side in one run: 0019 vs 0020 (worker: 0024 vs 0026; scale: 0019 vs the latest), about 5 min; writes docs/bench/
 	$(HARNESS) bench --report docs/bench
 
 fuzz: ## fuzz the fault scenarios against the invariants: make fuzz [FUZZTIME=10m]
