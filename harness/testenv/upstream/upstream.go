@@ -3,7 +3,8 @@
 // Node.js addon, which contains duroxide-pg) so that upstream's own runner
 // applies upstream's own migrations, with upstream's function texts, into a
 // schema. Tests use it to adopt, check and fix databases exactly as
-// production has them.
+// production has them. RunRuntime runs the real duroxide runtime itself on
+// a schema (tools/upstream/runtime.js, the project's driver of the addon).
 package upstream
 
 import (

@@ -1,0 +1,385 @@
+// Drives the real duroxide runtime (npm duroxide-linux-x64-gnu: the
+// runtime's native Node.js addon, which contains duroxide-pg) on one
+// PostgreSQL schema, through the addon's raw exports: this file is the
+// project's own wrapper of them.
+//
+// Usage: node runtime.js ADDON < request.json > result.json
+//
+// The request (JSON on stdin) names the database and what to run:
+//   {"dsn": "...", "schema": "...", "logFile": "/path",
+//    "runtime": {...JsRuntimeOptions...}, "timeoutMs": 120000,
+//    "prefix": "run1-", "scenarios": [{"name": "sequence"}, ...]}
+// The result (JSON on stdout) has one entry per scenario (status, output,
+// error, and what the client saw), the wall time, the turns the driver
+// ran and the runtime's metrics snapshot. The runtime's own log lines go,
+// as JSON, to logFile; the caller counts them.
+//
+// Rules of the addon this file keeps (see docs/RUNTIME.md): every
+// generator-driver callback returns a string synchronously and never
+// throws; every activity is an async function that rejects only with an
+// Error; orchestration code is deterministic (replayed on every turn).
+'use strict';
+
+const fs = require('fs');
+
+const addonPath = process.argv[2];
+const request = JSON.parse(fs.readFileSync(0, 'utf8'));
+const dx = require(addonPath);
+
+// ---------------------------------------------------------------------------
+// Orchestrations: generator functions of (ctx, input string) that yield
+// task descriptors and receive each task's result string.
+
+const activity = (name, input, extra) => Object.assign({ type: 'activity', name, input: String(input) }, extra || {});
+const timer = (delayMs) => ({ type: 'timer', delayMs });
+const waitEvent = (name) => ({ type: 'waitEvent', name });
+
+const orchestrations = {
+  // Three activities in sequence; their sum.
+  *Sequence(ctx, input) {
+    let sum = 0;
+    for (const n of JSON.parse(input)) sum += Number(yield activity('Square', n));
+    return JSON.stringify({ sum });
+  },
+  // Fan-out of input activities, fan-in of their results.
+  *FanOut(ctx, input) {
+    const n = Number(input);
+    const tasks = [];
+    for (let i = 1; i <= n; i++) tasks.push(activity('Square', i));
+    const results = JSON.parse(yield { type: 'join', tasks });
+    let sum = 0;
+    let failed = 0;
+    for (const r of results) {
+      if ('ok' in r) sum += Number(r.ok);
+      else failed++;
+    }
+    return JSON.stringify({ count: results.length, failed, sum });
+  },
+  *Timer(ctx, input) {
+    const result = yield timer(Number(input));
+    return JSON.stringify({ timer: result });
+  },
+  // Waits for the event "Approval", after saying so in its custom status.
+  *Approval(ctx, input) {
+    dx.orchestrationSetCustomStatus(ctx.instanceId, 'waiting');
+    const data = yield waitEvent('Approval');
+    return 'approved by ' + data;
+  },
+  // A race of an event against a timer: input {"event": name, "timerMs": n}.
+  *Race(ctx, input) {
+    const { event, timerMs } = JSON.parse(input);
+    dx.orchestrationSetCustomStatus(ctx.instanceId, 'waiting');
+    const winner = JSON.parse(yield { type: 'select', tasks: [waitEvent(event), timer(timerMs)] });
+    return JSON.stringify({ winner: winner.index === 0 ? 'event' : 'timer', value: winner.value });
+  },
+  // A KV counter read, incremented and written back in each of input turns.
+  *Counter(ctx, input) {
+    const turns = Number(input);
+    dx.orchestrationSetValue(ctx.instanceId, 'counter', '0');
+    for (let i = 0; i < turns; i++) {
+      yield timer(10);
+      const v = Number(dx.orchestrationGetValue(ctx.instanceId, 'counter'));
+      dx.orchestrationSetValue(ctx.instanceId, 'counter', String(v + 1));
+    }
+    return dx.orchestrationGetValue(ctx.instanceId, 'counter');
+  },
+  // Activities on one session.
+  *Session(ctx, input) {
+    const out = [];
+    for (let i = 1; i <= 3; i++) out.push(yield activity('Where', i, { sessionId: input }));
+    return out.join(',');
+  },
+  // Activities with a tag (the runtime's worker must accept it).
+  *Tagged(ctx, input) {
+    const out = [];
+    for (let i = 1; i <= 2; i++) out.push(yield activity('Where', i, { tag: input }));
+    return out.join(',');
+  },
+  *Parent(ctx, input) {
+    const child = yield { type: 'subOrchestration', name: 'Child', input };
+    return 'child said ' + child;
+  },
+  *Child(ctx, input) {
+    return String(yield activity('Square', input));
+  },
+  // Continues as new until its input reaches 3.
+  *Continue(ctx, input) {
+    const n = Number(input);
+    if (n < 3) {
+      yield activity('Square', n);
+      yield { type: 'continueAsNew', input: String(n + 1) };
+    }
+    return 'done at ' + n + ' in execution ' + ctx.executionId;
+  },
+  // Waits for an event nobody sends (until cancelled).
+  *Forever(ctx) {
+    dx.orchestrationSetCustomStatus(ctx.instanceId, 'waiting');
+    yield waitEvent('Never');
+    return 'not cancelled';
+  },
+};
+
+const activities = {
+  async Square(ctx, input) {
+    const n = Number(input);
+    return String(n * n);
+  },
+  async Where(ctx, input) {
+    return `${ctx.sessionId === null ? '-' : ctx.sessionId}/${ctx.tag === null ? '-' : ctx.tag}/${input}`;
+  },
+};
+
+// ---------------------------------------------------------------------------
+// The generator driver: create/next/dispose, each synchronous, each
+// returning a string, none throwing.
+
+const live = new Map();
+let nextId = 0;
+let turns = 0;
+
+function step(id, res) {
+  if (res.done) return JSON.stringify({ status: 'completed', output: String(res.value) });
+  return JSON.stringify({ status: 'yielded', generatorId: id, task: res.value });
+}
+
+function guarded(fn) {
+  return (payload) => {
+    try {
+      return fn(payload);
+    } catch (err) {
+      return JSON.stringify({ status: 'error', message: String(err && err.message !== undefined ? err.message : err) });
+    }
+  };
+}
+
+const create = guarded((payload) => {
+  const p = JSON.parse(payload);
+  turns++;
+  const body = orchestrations[p.ctxInfo.orchestrationName];
+  if (!body) throw new Error('no orchestration ' + p.ctxInfo.orchestrationName);
+  const id = ++nextId;
+  const gen = body(p.ctxInfo, p.input);
+  live.set(id, gen);
+  return step(id, gen.next());
+});
+
+const next = guarded((payload) => {
+  const p = JSON.parse(payload);
+  const gen = live.get(p.generatorId);
+  if (!gen) throw new Error('no generator ' + p.generatorId);
+  return step(p.generatorId, p.isError ? gen.throw(new Error(p.result)) : gen.next(p.result));
+});
+
+function dispose(id) {
+  try {
+    live.delete(Number(id));
+  } catch (_) {
+    // nothing to do: dispose must return a string
+  }
+  return '';
+}
+
+function registerActivity(rt, name, fn) {
+  rt.registerActivity(name, async (payload) => {
+    try {
+      const cut = payload.indexOf('\n');
+      const ctx = JSON.parse(payload.slice(0, cut));
+      return await fn(ctx, payload.slice(cut + 1));
+    } catch (err) {
+      throw err instanceof Error ? err : new Error(String(err));
+    }
+  });
+}
+
+// ---------------------------------------------------------------------------
+// Scenarios: each starts its instances through the client, waits for them
+// and returns what the client saw. Ids carry the request's prefix.
+
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+async function waitDone(client, id, timeoutMs) {
+  try {
+    return await client.waitForOrchestration(id, timeoutMs);
+  } catch (err) {
+    const st = await client.getStatus(id);
+    return Object.assign({}, st, { waitError: String(err && err.message ? err.message : err) });
+  }
+}
+
+// outcome is the part of a status every schema must agree on.
+function outcome(st) {
+  const o = { status: st.status };
+  if (st.output !== undefined) o.output = st.output;
+  if (st.error !== undefined) o.error = st.error;
+  if (st.waitError !== undefined) o.waitError = st.waitError;
+  return o;
+}
+
+// subscribed waits until the instance's current execution has subscribed
+// to an event: an event raised earlier is dropped by the runtime.
+async function subscribed(client, id, deadline) {
+  while (Date.now() < deadline) {
+    const st = await client.getStatus(id);
+    if (st.status === 'Running') {
+      const info = await client.getInstanceInfo(id);
+      const history = await client.readExecutionHistory(id, info.currentExecutionId);
+      if (history.some((e) => e.kind === 'ExternalSubscribed')) return true;
+    }
+    await sleep(20);
+  }
+  return false;
+}
+
+const kinds = (history) => history.map((e) => e.kind);
+
+const scenarios = {
+  async sequence(client, id, s, timeoutMs) {
+    await client.startOrchestration(id, 'Sequence', JSON.stringify(s.inputs || [1, 2, 3]));
+    const st = await waitDone(client, id, timeoutMs);
+    const info = await client.getInstanceInfo(id);
+    const stats = await client.getOrchestrationStats(id);
+    return Object.assign(outcome(st), {
+      info: { name: info.orchestrationName, version: info.orchestrationVersion, execution: info.currentExecutionId, status: info.status, output: info.output },
+      history: kinds(await client.readExecutionHistory(id, info.currentExecutionId)),
+      stats: stats && { historyEventCount: stats.historyEventCount, queuePendingCount: stats.queuePendingCount, kvUserKeyCount: stats.kvUserKeyCount },
+    });
+  },
+  async fanout(client, id, s, timeoutMs) {
+    await client.startOrchestration(id, 'FanOut', String(s.count || 500));
+    return outcome(await waitDone(client, id, timeoutMs));
+  },
+  async timer(client, id, s, timeoutMs) {
+    await client.startOrchestration(id, 'Timer', String(s.delayMs || 100));
+    const st = await waitDone(client, id, timeoutMs);
+    const history = kinds(await client.readExecutionHistory(id, 1));
+    // Delete the completed instance, then look for it.
+    const deleted = await client.deleteInstance(id, false);
+    const after = await client.getStatus(id);
+    return Object.assign(outcome(st), {
+      history,
+      deleted: { instances: deleted.instancesDeleted, executions: deleted.executionsDeleted, events: deleted.eventsDeleted === history.length, queueMessages: deleted.queueMessagesDeleted },
+      afterDelete: after.status,
+    });
+  },
+  async event(client, id, s, timeoutMs) {
+    await client.startOrchestration(id, 'Approval', '');
+    const ok = await subscribed(client, id, Date.now() + timeoutMs);
+    if (ok) await client.raiseEvent(id, 'Approval', 'alice');
+    return Object.assign(outcome(await waitDone(client, id, timeoutMs)), { subscribed: ok });
+  },
+  async raceEvent(client, id, s, timeoutMs) {
+    await client.startOrchestration(id, 'Race', JSON.stringify({ event: 'Go', timerMs: 600000 }));
+    const ok = await subscribed(client, id, Date.now() + timeoutMs);
+    if (ok) await client.raiseEvent(id, 'Go', 'first');
+    return Object.assign(outcome(await waitDone(client, id, timeoutMs)), { subscribed: ok });
+  },
+  async raceTimer(client, id, s, timeoutMs) {
+    await client.startOrchestration(id, 'Race', JSON.stringify({ event: 'Never', timerMs: 200 }));
+    return outcome(await waitDone(client, id, timeoutMs));
+  },
+  async counter(client, id, s, timeoutMs) {
+    await client.startOrchestration(id, 'Counter', String(s.turns || 5));
+    const st = await waitDone(client, id, timeoutMs);
+    return Object.assign(outcome(st), { clientValue: await client.getValue(id, 'counter') });
+  },
+  async session(client, id, s, timeoutMs) {
+    await client.startOrchestration(id, 'Session', 'session-1');
+    return outcome(await waitDone(client, id, timeoutMs));
+  },
+  async tagged(client, id, s, timeoutMs) {
+    await client.startOrchestration(id, 'Tagged', s.tag || 'gpu');
+    return outcome(await waitDone(client, id, timeoutMs));
+  },
+  async suborchestration(client, id, s, timeoutMs) {
+    await client.startOrchestration(id, 'Parent', '7');
+    const st = await waitDone(client, id, timeoutMs);
+    const tree = await client.getInstanceTree(id);
+    return Object.assign(outcome(st), { treeSize: tree.size });
+  },
+  async continueAsNew(client, id, s, timeoutMs) {
+    await client.startOrchestration(id, 'Continue', '1');
+    const st = await waitDone(client, id, timeoutMs);
+    const executions = await client.listExecutions(id);
+    const pruned = await client.pruneExecutions(id, { keepLast: 1 });
+    return Object.assign(outcome(st), {
+      executions,
+      pruned: { instances: pruned.instancesProcessed, executions: pruned.executionsDeleted },
+      executionsAfterPrune: await client.listExecutions(id),
+    });
+  },
+  async cancel(client, id, s, timeoutMs) {
+    await client.startOrchestration(id, 'Forever', '');
+    const ok = await subscribed(client, id, Date.now() + timeoutMs);
+    if (ok) await client.cancelInstance(id, 'asked by the test');
+    return Object.assign(outcome(await waitDone(client, id, timeoutMs)), { subscribed: ok });
+  },
+  // count instances of three activities each, started at once: the load
+  // of the runtime bench.
+  async load(client, id, s, timeoutMs) {
+    const count = s.count || 100;
+    const ids = [];
+    for (let i = 0; i < count; i++) ids.push(`${id}-${i}`);
+    const started = Date.now();
+    await Promise.all(ids.map((x) => client.startOrchestration(x, 'Sequence', '[1,2,3]')));
+    const done = await Promise.all(ids.map((x) => waitDone(client, x, timeoutMs)));
+    const wallMs = Date.now() - started;
+    const completed = done.filter((d) => d.status === 'Completed' && d.output === '{"sum":14}').length;
+    return { status: completed === count ? 'Completed' : 'Incomplete', count, completed, wallMs, perSecond: (completed * 1000) / Math.max(wallMs, 1) };
+  },
+  // One instance the caller works against from outside (the runtime
+  // repro): its status when done or when timeoutMs ran out.
+  async single(client, id, s, timeoutMs) {
+    await client.startOrchestration(s.instanceId || id, 'Sequence', '[1,2,3]');
+    return outcome(await waitDone(client, s.instanceId || id, timeoutMs));
+  },
+};
+
+// After every scenario: what the whole database looks like to the client.
+async function finalState(client) {
+  const depths = await client.getQueueDepths();
+  const m = await client.getSystemMetrics();
+  return {
+    queueDepths: { orchestrator: depths.orchestratorQueue, worker: depths.workerQueue, timer: depths.timerQueue },
+    system: { totalInstances: m.totalInstances, totalExecutions: m.totalExecutions, running: m.runningInstances, completed: m.completedInstances, failed: m.failedInstances },
+    running: (await client.listInstancesByStatus('Running')).length,
+  };
+}
+
+async function main() {
+  const started = Date.now();
+  if (request.logFile) dx.initTracing({ logFile: request.logFile, logFormat: 'json' });
+  const provider = await dx.JsPostgresProvider.connectWithSchema(request.dsn, request.schema);
+  const rt = dx.JsRuntime.fromPostgres(provider, Object.assign({ dispatcherPollIntervalMs: 10 }, request.runtime || {}));
+  for (const name of Object.keys(orchestrations)) rt.registerOrchestration(name);
+  for (const [name, fn] of Object.entries(activities)) registerActivity(rt, name, fn);
+  rt.setGeneratorDriver(create, next, dispose);
+  await rt.start();
+  const client = dx.JsClient.fromPostgres(provider);
+  const timeoutMs = request.timeoutMs || 120000;
+  const prefix = request.prefix || '';
+  const results = {};
+  const runStarted = Date.now();
+  await Promise.all((request.scenarios || []).map(async (s) => {
+    const run = scenarios[s.name];
+    const key = s.key || s.name;
+    if (!run) {
+      results[key] = { status: 'DriverError', error: 'no scenario ' + s.name };
+      return;
+    }
+    try {
+      results[key] = await run(client, prefix + key, s, s.timeoutMs || timeoutMs);
+    } catch (err) {
+      results[key] = { status: 'DriverError', error: String(err && err.message ? err.message : err) };
+    }
+  }));
+  const runMs = Date.now() - runStarted;
+  const out = { results, runMs, turns: turns, liveGenerators: live.size, metrics: rt.metricsSnapshot() };
+  if (request.finalState) out.final = await finalState(client);
+  await rt.shutdown(request.shutdownMs === undefined ? 200 : request.shutdownMs);
+  out.wallMs = Date.now() - started;
+  process.stdout.write(JSON.stringify(out) + '\n', () => process.exit(0));
+}
+
+main().catch((err) => {
+  process.stdout.write(JSON.stringify({ fatal: String(err && err.message ? err.message : err) }) + '\n', () => process.exit(1));
+});
