@@ -25,7 +25,7 @@ ifneq ($(strip $(MATRIX_MAJORS)),)
 	OUT='$(OUT)' MATRIX_TESTS=quick scripts/pg-matrix.sh $(MATRIX_MAJORS)
 endif
 
-repro: ## show the bugs and the fixes on a throwaway PostgreSQL: orchestration fetch 0019 vs 0020, worker queue 0024 vs 0026
+repro: upstream ## show the bugs and the fixes on a throwaway PostgreSQL: orchestration fetch 0019 vs 0020, worker queue 0024 vs 0026, the real runtime on upstream's schema vs the pack's
 	@mkdir -p $(OUT)
 	$(HARNESS) repro all --report $(OUT) --json $(OUT)/repro.json
 

@@ -13,6 +13,7 @@ import (
 	"github.com/duroxide-pg/migrations/harness/sim/dispatch"
 	"github.com/duroxide-pg/migrations/harness/sim/repro"
 	"github.com/duroxide-pg/migrations/harness/testenv/pgtest"
+	"github.com/duroxide-pg/migrations/harness/testenv/upstream"
 	migrations "github.com/duroxide-pg/migrations/sql"
 )
 
@@ -52,7 +53,7 @@ func setupRepro(ctx context.Context, env *Env, dsn string, versions []int64) (*r
 func (s *reproSetup) close() { _ = s.srv.Close(context.Background()) }
 
 // reproUsage is the repro command's synopsis.
-const reproUsage = "usage: harness repro [minimal|organic|worker-minimal|worker|all] [--versions BUG,FIX] [--worker-versions BUG,FIX] [--json FILE] [--report DIR] [--dsn DSN]"
+const reproUsage = "usage: harness repro [minimal|organic|worker-minimal|worker|runtime|all] [--versions BUG,FIX] [--worker-versions BUG,FIX] [--json FILE] [--report DIR] [--dsn DSN]"
 
 // reproKinds are the repros, in the order `all` runs them.
 func reproKinds() []string { return repro.Kinds() }
@@ -84,6 +85,9 @@ func runRepro(ctx context.Context, env *Env, args []string) error {
 	workerSlots := fs.Int("worker-slots", wdef.Slots, "worker: worker slots per runtime, each with its own connection")
 	workerDuration := fs.Duration("worker-duration", wdef.Duration, "worker: run time per version")
 	workerLockTimeout := fs.Duration("worker-lock-timeout", wdef.LockTimeout, fmt.Sprintf("worker: worker lock timeout, whole seconds (0: calibrated, at least %v)", repro.WorkerMinLockTimeout))
+	rdef := repro.RuntimeDefaults()
+	runtimeHold := fs.Duration("runtime-hold", rdef.Hold, fmt.Sprintf("runtime: how long another session holds the instance's advisory key each time (above the runtime's %v lock timeout)", repro.RuntimeLockTimeout))
+	runtimeHolds := fs.Int("runtime-holds", rdef.Holds, "runtime: how many times it holds the key (11 passes the runtime's poison threshold)")
 	pos, err := parse(fs, args)
 	if err != nil {
 		return err
@@ -100,7 +104,17 @@ func runRepro(ctx context.Context, env *Env, args []string) error {
 		runs[k] = which == k || which == "all"
 	}
 	if which != "all" && !runs[which] {
-		return usagef("unknown repro %q: use minimal, organic, worker-minimal, worker or all", which)
+		return usagef("unknown repro %q: use minimal, organic, worker-minimal, worker, runtime or all", which)
+	}
+	runtimeCfg := repro.RuntimeConfig{Hold: *runtimeHold, Holds: *runtimeHolds}
+	if err := runtimeCfg.Validate(); err != nil {
+		return usagef("%v", err)
+	}
+	var provider *upstream.Provider
+	if runs["runtime"] {
+		if provider, err = upstream.Find(); err != nil {
+			return fmt.Errorf("runtime repro: %w", err)
+		}
 	}
 	versions, err := parseVersions(*versionsFlag)
 	if err != nil {
@@ -175,6 +189,11 @@ func runRepro(ctx context.Context, env *Env, args []string) error {
 			res, err := repro.WorkerRepro(ctx, setup.dsn, workerCfg, progress)
 			report.Worker = &res
 			return res.Verdict.OK, printed(err, func() error { return repro.PrintWorker(env.Stdout, res) })
+		}},
+		{"runtime", func() (bool, error) {
+			res, err := repro.RuntimeRepro(ctx, setup.dsn, provider, runtimeCfg, progress)
+			report.Runtime = &res
+			return res.OK(), printed(err, func() error { return repro.PrintRuntime(env.Stdout, res) })
 		}},
 	}
 	section := false

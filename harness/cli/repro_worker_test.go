@@ -17,8 +17,8 @@ func TestWorkerReproUsageErrors(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"repro", "sideways"}, "worker-minimal, worker or all"},
-		{[]string{"repro", "worker", "extra"}, "[minimal|organic|worker-minimal|worker|all]"},
+		{[]string{"repro", "sideways"}, "worker-minimal, worker, runtime or all"},
+		{[]string{"repro", "worker", "extra"}, "[minimal|organic|worker-minimal|worker|runtime|all]"},
 		{[]string{"repro", "worker", "--worker-versions", "19,20"}, fmt.Sprintf("compares versions %d and %d only", bug, fix)},
 		{[]string{"repro", "all", "--worker-versions", fmt.Sprintf("%d,%d", bug, fix-1)}, "worker repro compares"},
 		{[]string{"repro", "worker-minimal", "--worker-versions", fmt.Sprintf("%d,%d", bug, migrations.Latest()+1)}, fmt.Sprintf("between 1 and %d", migrations.Latest())},
@@ -44,5 +44,5 @@ func TestReproHelpListsTheWorkerFlags(t *testing.T) {
 	for _, f := range []string{"-worker-versions", "-worker-runtimes", "-worker-slots", "-worker-duration", "-worker-lock-timeout"} {
 		require.Contains(t, out, f)
 	}
-	require.Equal(t, []string{"minimal", "organic", "worker-minimal", "worker"}, reproKinds(), "what `repro all` runs, in order")
+	require.Equal(t, []string{"minimal", "organic", "worker-minimal", "worker", "runtime"}, reproKinds(), "what `repro all` runs, in order")
 }

@@ -15,7 +15,7 @@ import (
 
 // Kinds are the repros, in the order `harness repro all` runs them and
 // their report shows them.
-func Kinds() []string { return []string{"minimal", "organic", "worker-minimal", "worker"} }
+func Kinds() []string { return []string{"minimal", "organic", "worker-minimal", "worker", "runtime"} }
 
 // OrganicRepro prepares the organic scenario's schemas in the database of
 // dsn (PrepareOrganic) and runs it (RunOrganic).
@@ -69,6 +69,7 @@ type Report struct {
 	Organic       *OrganicResult        `json:"organic,omitempty"`
 	WorkerMinimal []WorkerMinimalResult `json:"worker_minimal,omitempty"`
 	Worker        *WorkerResult         `json:"worker,omitempty"`
+	Runtime       *RuntimeResult        `json:"runtime,omitempty"`
 	Verdict       map[string]bool       `json:"verdict"`
 }
 
@@ -126,6 +127,9 @@ func (r Report) write(dir string) error {
 	}
 	if r.Worker != nil {
 		sections = append(sections, WorkerMarkdown(*r.Worker))
+	}
+	if r.Runtime != nil {
+		sections = append(sections, RuntimeMarkdown(*r.Runtime))
 	}
 	if len(sections) == 0 {
 		return nil
