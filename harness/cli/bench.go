@@ -11,11 +11,12 @@ import (
 	"time"
 
 	"github.com/duroxide-pg/migrations/harness/sim/bench"
+	"github.com/duroxide-pg/migrations/harness/testenv/pgtest"
 )
 
 // benchSummary is the line of `harness help` for the bench command (the
 // versions compared are in `harness bench -h`, read from the pack).
-const benchSummary = "speed before and after the pack's fixes, side by side in one run: bench [--rounds 3] [--duration 2.5s] [--scenarios backlog,hot,queue-only,migrate,worker,scale] [--scale-blocked 1000,10000,100000] [--json FILE] [--report DIR] [--dsn DSN]"
+const benchSummary = "speed before and after the pack's fixes, side by side in one run: bench [--rounds 3] [--duration 2.5s] [--scenarios backlog,hot,queue-only,migrate,worker,scale,runtime] [--scale-blocked 1000,10000,100000] [--json FILE] [--report DIR] [--dsn DSN]"
 
 // runBench is `harness bench`: every scenario of package bench, rounds
 // alternating the versions before and after the fix of
@@ -31,9 +32,10 @@ func runBench(ctx context.Context, env *Env, args []string) error {
 	bug, fix := bench.Versions()
 	wbug, wfix := bench.WorkerVersions()
 	sbefore, safter := bench.ScaleVersions()
+	rprev, rlatest := bench.RuntimeVersions()
 	scenarios := fs.String("scenarios", strings.Join(def.Scenarios, ","), fmt.Sprintf(
-		"scenarios to run: backlog, hot, queue-only, migrate (schema %d against %d), worker (schema %d against %d), scale (schema %d against %d)",
-		bug, fix, wbug, wfix, sbefore, safter))
+		"scenarios to run: backlog, hot, queue-only, migrate (schema %d against %d), worker (schema %d against %d), scale (schema %d against %d), runtime (the real runtime: upstream's schema against %d and %d)",
+		bug, fix, wbug, wfix, sbefore, safter, rprev, rlatest))
 	hotLock := fs.Duration("hot-lock-timeout", def.HotLockTimeout, "hot scenario's lock timeout; 0: calibrated at start like the organic repro")
 	scaleBlocked := fs.String("scale-blocked", joinInts(def.ScaleBlocked), "scale: blocked message counts K, comma-separated")
 	scaleCompleted := fs.String("scale-completed", joinInts(def.ScaleCompleted), "scale: completed instance counts, comma-separated")
@@ -75,13 +77,20 @@ func runBench(ctx context.Context, env *Env, args []string) error {
 		cfg.Scenarios = append(cfg.Scenarios, s)
 	}
 	if len(cfg.Scenarios) == 0 {
-		return usagef("--scenarios is empty: name some of backlog, hot, queue-only, migrate, worker, scale")
+		return usagef("--scenarios is empty: name some of backlog, hot, queue-only, migrate, worker, scale, runtime")
 	}
 	if err := cfg.Validate(); err != nil {
 		return usagef("%v", err)
 	}
 
-	srv, err := obtainServer(ctx, *dsn)
+	// A throwaway server loads pg_stat_statements for the runtime
+	// scenario's per-function figures (an existing one is taken as it is).
+	opts := pgtest.OptionsFromEnv()
+	if *dsn != "" {
+		opts.Backend, opts.DSN = pgtest.DSN, *dsn
+	}
+	opts.Preload = []string{"pg_stat_statements"}
+	srv, err := obtainServerWith(ctx, opts)
 	if err != nil {
 		return err
 	}

@@ -73,7 +73,9 @@ const (
 )
 
 // AllScenarios lists every scenario in the order a round runs them.
-func AllScenarios() []string { return []string{Backlog, Hot, QueueOnly, Migrate, Worker, Scale} }
+func AllScenarios() []string {
+	return []string{Backlog, Hot, QueueOnly, Migrate, Worker, Scale, Runtime}
+}
 
 // Config is a benchmark run. Zero fields take Defaults' values, except the
 // slices, which are taken as given when not nil.
@@ -130,6 +132,17 @@ type Config struct {
 	ScaleIdleDuration     time.Duration `json:"-"`
 	ScaleLargeHistory     int           `json:"scale_large_history_events"`
 
+	// The runtime scenario (runtime.go): the real runtime at each
+	// orchestration concurrency of RuntimeOrchestrationConcurrency, with the
+	// worker concurrency and the orchestration count at the same index;
+	// then one fan-out/fan-in of RuntimeFanIn activities at the last
+	// concurrency. RuntimeWait bounds one run.
+	RuntimeOrchestrationConcurrency []int         `json:"runtime_orchestration_concurrency"`
+	RuntimeWorkerConcurrency        []int         `json:"runtime_worker_concurrency"`
+	RuntimeOrchestrations           []int         `json:"runtime_orchestrations"`
+	RuntimeFanIn                    int           `json:"runtime_fan_in"`
+	RuntimeWait                     time.Duration `json:"-"`
+
 	// EventBytes is the approximate size of one seeded history event.
 	EventBytes int `json:"event_bytes"`
 	// PollInterval is the dispatchers' (and the baseline workers') minimum
@@ -145,33 +158,38 @@ type Config struct {
 // docs/BENCH.md).
 func Defaults() Config {
 	return Config{
-		Rounds:                3,
-		Duration:              2500 * time.Millisecond,
-		Scenarios:             AllScenarios(),
-		BacklogInstances:      200,
-		BacklogHistory:        500,
-		BacklogDispatchers:    []int{1, 4, 8, 16},
-		BacklogLockTimeout:    100 * time.Millisecond,
-		HotHistory:            5000,
-		HotDispatchers:        16,
-		HotLockTimeout:        0, // calibrated at start
-		QueueInstances:        2000,
-		QueueDispatchers:      []int{1, 8},
-		QueueLockTimeout:      100 * time.Millisecond,
-		WorkerDispatchers:     []int{1, 8},
-		WorkerItems:           500,
-		WorkerLockTimeout:     defaultWorkerLockTimeout,
-		ScaleBlocked:          []int{1000, 10000, 100000},
-		ScaleSpreadInstances:  500,
-		ScaleClaimable:        3,
-		ScaleCompleted:        []int{0, 10000, 100000},
-		ScaleCompletedHistory: 10,
-		ScaleCalls:            12,
-		ScaleIdleDispatchers:  32,
-		ScaleIdleDuration:     3 * time.Second,
-		ScaleLargeHistory:     500,
-		EventBytes:            250,
-		PollInterval:          dispatch.DefaultPollInterval,
+		Rounds:                          3,
+		Duration:                        2500 * time.Millisecond,
+		Scenarios:                       AllScenarios(),
+		BacklogInstances:                200,
+		BacklogHistory:                  500,
+		BacklogDispatchers:              []int{1, 4, 8, 16},
+		BacklogLockTimeout:              100 * time.Millisecond,
+		HotHistory:                      5000,
+		HotDispatchers:                  16,
+		HotLockTimeout:                  0, // calibrated at start
+		QueueInstances:                  2000,
+		QueueDispatchers:                []int{1, 8},
+		QueueLockTimeout:                100 * time.Millisecond,
+		WorkerDispatchers:               []int{1, 8},
+		WorkerItems:                     500,
+		WorkerLockTimeout:               defaultWorkerLockTimeout,
+		ScaleBlocked:                    []int{1000, 10000, 100000},
+		ScaleSpreadInstances:            500,
+		ScaleClaimable:                  3,
+		ScaleCompleted:                  []int{0, 10000, 100000},
+		ScaleCompletedHistory:           10,
+		ScaleCalls:                      12,
+		ScaleIdleDispatchers:            32,
+		ScaleIdleDuration:               3 * time.Second,
+		ScaleLargeHistory:               500,
+		RuntimeOrchestrationConcurrency: []int{1, 4, 16},
+		RuntimeWorkerConcurrency:        []int{1, 8, 16},
+		RuntimeOrchestrations:           []int{100, 200, 400},
+		RuntimeFanIn:                    500,
+		RuntimeWait:                     3 * time.Minute,
+		EventBytes:                      250,
+		PollInterval:                    dispatch.DefaultPollInterval,
 	}
 }
 
@@ -213,6 +231,11 @@ func (c Config) Validate() error {
 	}
 	if c.Duration < 10*time.Millisecond {
 		return fmt.Errorf("bench: a cell of %v is too short", c.Duration)
+	}
+	if c.has(Runtime) {
+		if err := c.validateRuntime(); err != nil {
+			return err
+		}
 	}
 	if c.has(Scale) {
 		return c.validateScale()
@@ -269,6 +292,9 @@ type Result struct {
 	// Scale holds the scale scenario's cells, which compare the version
 	// before the first fetch fix with the pack's latest (ScaleVersions).
 	Scale []ScaleCell `json:"scale_cells,omitempty"`
+	// Runtime holds the runtime scenario: the real runtime on upstream's
+	// latest schema, the pack's previous fix and its latest.
+	Runtime *RuntimeBench `json:"runtime,omitempty"`
 	// HotCalibration is the measurement behind the hot scenario's lock
 	// timeout, when it was calibrated (Config.HotLockTimeout 0).
 	HotCalibration *repro.Calibration `json:"hot_calibration,omitempty"`
@@ -335,6 +361,9 @@ func (c Config) Steps() int {
 	}
 	if c.has(Scale) {
 		per += 2 * len(scaleCells(c, 0, 0))
+	}
+	if c.has(Runtime) {
+		per += len(RuntimeSides()) * len(runtimeCells(c))
 	}
 	return per * c.Rounds
 }
@@ -509,10 +538,15 @@ func Run(ctx context.Context, srv *pgtest.Server, cfg Config, progress func(Prog
 			return res, err
 		}
 	}
+	if cfg.has(Runtime) {
+		if res.Runtime, err = runRuntime(ctx, dsn, cfg, cpu, note); err != nil {
+			return res, err
+		}
+	}
 	for i := range res.Cells {
 		res.Cells[i].computeFigures()
 	}
-	res.Targets = EvaluateTargets(&res)
+	res.Targets = append(EvaluateTargets(&res), runtimeTargets(res.Runtime)...)
 	res.TotalS = time.Since(start).Seconds()
 	return res, nil
 }

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -31,7 +32,9 @@ func server(tb testing.TB) *pgtest.Server {
 	srvOnce.Do(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
-		srv, srvErr = pgtest.Start(ctx, pgtest.OptionsFromEnv())
+		opts := pgtest.OptionsFromEnv()
+		opts.Preload = []string{"pg_stat_statements"} // the runtime scenario's per-function figures
+		srv, srvErr = pgtest.Start(ctx, opts)
 	})
 	if srvErr != nil {
 		if errors.Is(srvErr, pgtest.ErrUnavailable) {
@@ -206,13 +209,18 @@ func TestConfigValidate(t *testing.T) {
 	c = Defaults()
 	c.BacklogDispatchers = []int{0}
 	require.Error(t, c.Validate())
-	require.Equal(t, 3*(8+2+6+2+8+2*10), Defaults().Steps(), "scale: 3 spread, 1 idle, 3 fan-in and 3 completed cells")
+	require.Equal(t, 3*(8+2+6+2+8+2*10+3*4), Defaults().Steps(), "scale: 3 spread, 1 idle, 3 fan-in and 3 completed cells; runtime: 3 sides of 3 loads and the fan-in")
+	c = Defaults()
+	c.RuntimeOrchestrations = []int{100}
+	require.ErrorContains(t, c.Validate(), "as many worker concurrencies and orchestration counts")
 }
 
 // smokeConfig is the whole benchmark shrunk to about a second of cells.
 func smokeConfig() Config {
 	return Config{
 		Rounds: 1, Duration: 100 * time.Millisecond,
+		// The runtime scenario has its own smoke run (TestRuntimeSmokeRun).
+		Scenarios:        slices.DeleteFunc(AllScenarios(), func(s string) bool { return s == Runtime }),
 		BacklogInstances: 10, BacklogHistory: 20, BacklogDispatchers: []int{2},
 		HotHistory: 40, HotDispatchers: 2, HotLockTimeout: time.Second,
 		QueueInstances: 20, QueueDispatchers: []int{1},

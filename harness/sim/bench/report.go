@@ -168,6 +168,9 @@ func PrintTable(w io.Writer, r *Result) error {
 	if err := printScaleTable(w, r.Scale); err != nil {
 		return err
 	}
+	if err := printRuntimeTable(w, r.Runtime, r.Settings.Rounds); err != nil {
+		return err
+	}
 	if len(r.Targets) > 0 {
 		fmt.Fprintln(w, "\ntargets (reported, not asserted):")
 		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
@@ -272,6 +275,7 @@ func Markdown(r *Result, plot string) string {
 		scalePlot = ScaleFile
 	}
 	b.WriteString(scaleMarkdown(r.Scale, s, scalePlot))
+	b.WriteString(runtimeMarkdown(r.Runtime, s.Rounds, s.RuntimeWait))
 	b.WriteString("## Per round\n\nCompleted cycles/s of every run (migrate: wall time), round by round.\n\n| cell | side | ")
 	for i := 1; i <= s.Rounds; i++ {
 		fmt.Fprintf(&b, "round %d |", i)

@@ -3,6 +3,7 @@ package pgtest
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -54,11 +55,15 @@ func startDocker(ctx context.Context, opts Options) (*dockerServer, error) {
 	}
 	repo, tag := ImageRef(opts.Image)
 	opts.Logf("pgtest: starting container %s:%s", repo, tag)
+	cmd := []string{"postgres", "-c", "fsync=off", "-c", "max_connections=300"}
+	if len(opts.Preload) > 0 {
+		cmd = append(cmd, "-c", "shared_preload_libraries="+strings.Join(opts.Preload, ","))
+	}
 	res, err := pool.RunWithOptions(&dockertest.RunOptions{
 		Repository: repo,
 		Tag:        tag,
 		Env:        []string{"POSTGRES_PASSWORD=harness", "POSTGRES_USER=postgres", "POSTGRES_DB=postgres"},
-		Cmd:        []string{"postgres", "-c", "fsync=off", "-c", "max_connections=300"},
+		Cmd:        cmd,
 	}, func(hc *docker.HostConfig) {
 		hc.AutoRemove = true
 		hc.RestartPolicy = docker.RestartPolicy{Name: "no"}

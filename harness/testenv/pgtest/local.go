@@ -33,6 +33,8 @@ type localServer struct {
 	done chan error // receives the postmaster's exit
 	logs *bytes.Buffer
 	cfg  *pgx.ConnConfig
+	// preload is the shared_preload_libraries setting ("" for none).
+	preload string
 }
 
 // FindBinaries returns the directory holding initdb, pg_ctl and postgres:
@@ -93,7 +95,7 @@ func startLocal(ctx context.Context, opts Options) (*localServer, error) {
 		return nil, err
 	}
 	SweepStale(opts.Logf)
-	s := &localServer{bin: bin, logs: &bytes.Buffer{}, done: make(chan error, 1)}
+	s := &localServer{bin: bin, logs: &bytes.Buffer{}, done: make(chan error, 1), preload: shippedLibraries(bin, opts.Preload)}
 	if os.Geteuid() == 0 {
 		if s.cred, err = unprivileged(); err != nil {
 			return nil, err
@@ -150,12 +152,15 @@ func (s *localServer) start(ctx context.Context) error {
 	s.logs.Reset()
 	s.done = make(chan error, 1)
 	// Not CommandContext: the server must outlive the start-up context.
-	cmd := exec.Command(filepath.Join(s.bin, "postgres"),
-		"-D", s.dataDir(), "-p", strconv.Itoa(port), "-k", s.dir,
+	args := []string{"-D", s.dataDir(), "-p", strconv.Itoa(port), "-k", s.dir,
 		"-c", "listen_addresses=127.0.0.1",
 		"-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off",
 		"-c", "max_connections=300", "-c", "shared_buffers=128MB",
-		"-c", "max_locks_per_transaction=256")
+		"-c", "max_locks_per_transaction=256"}
+	if s.preload != "" {
+		args = append(args, "-c", "shared_preload_libraries="+s.preload)
+	}
+	cmd := exec.Command(filepath.Join(s.bin, "postgres"), args...)
 	cmd.Dir = s.dir
 	cmd.Env = append(os.Environ(), "LC_ALL=C")
 	cmd.Stdout = s.logs
@@ -273,4 +278,25 @@ func postmasterPID(file string) int {
 	line, _, _ := strings.Cut(string(b), "\n")
 	pid, _ := strconv.Atoi(strings.TrimSpace(line))
 	return pid
+}
+
+// shippedLibraries is the shared_preload_libraries value of the libraries
+// in want that the server of bin ships: bin/../lib/<name>.so (Debian's
+// layout) or bin/../lib/postgresql/<name>.so (the npm binaries').
+func shippedLibraries(bin string, want []string) string {
+	// bin may hold links to the real binaries (/usr/local/bin ->
+	// /usr/lib/postgresql/15/bin): the libraries sit next to those.
+	if real, err := filepath.EvalSymlinks(filepath.Join(bin, "postgres")); err == nil {
+		bin = filepath.Dir(real)
+	}
+	var have []string
+	for _, name := range want {
+		for _, dir := range []string{filepath.Join(bin, "..", "lib"), filepath.Join(bin, "..", "lib", "postgresql")} {
+			if _, err := os.Stat(filepath.Join(dir, name+".so")); err == nil {
+				have = append(have, name)
+				break
+			}
+		}
+	}
+	return strings.Join(have, ",")
 }

@@ -43,6 +43,11 @@ type Options struct {
 	DSN     string  // HARNESS_DSN, else DATABASE_URL: an existing server
 	PGBin   string  // PG_BIN: directory holding initdb, postgres
 	Image   string  // HARNESS_PG_IMAGE: Docker image (default postgres:16-alpine)
+	// Preload are libraries a started server loads (shared_preload_libraries),
+	// each where the server ships it (the local backend looks in its lib
+	// directory and leaves out what is not there; Docker's images ship
+	// contrib). An existing server (DSN) is taken as it is.
+	Preload []string
 	// Logf receives progress messages; nil discards them.
 	Logf func(format string, args ...any)
 }
