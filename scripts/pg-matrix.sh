@@ -8,7 +8,11 @@
 #   scripts/pg-matrix.sh --help
 #
 # Environment:
-#   MATRIX_TESTS=full|quick   full (default): go test ./...
+#   MATRIX_TESTS=full|pack|quick
+#                             full (default): go test ./...
+#                             pack: the tests of the pack's SQL and the operator
+#                               tools (go test ./migrations_test/ ./harness/ops/...),
+#                               where the server's version matters; CI's choice
 #                             quick: go test ./migrations_test/ -run 'TestCatalog|TestV20'
 #   MATRIX_GO_TEST_TIMEOUT    go test -timeout (default 20m)
 #   PG_MATRIX_CACHE           where binaries are installed (default: see below)
@@ -195,8 +199,9 @@ done
 tests="${MATRIX_TESTS:-full}"
 case "$tests" in
   full) test_cmd=(go test -p 1 -count=1 -timeout "${MATRIX_GO_TEST_TIMEOUT:-20m}" ./...) ;;
+  pack) test_cmd=(go test -p 1 -count=1 -timeout "${MATRIX_GO_TEST_TIMEOUT:-20m}" ./migrations_test/ ./harness/ops/...) ;;
   quick) test_cmd=(go test -count=1 -timeout "${MATRIX_GO_TEST_TIMEOUT:-20m}" ./migrations_test/ -run 'TestCatalog|TestV20') ;;
-  *) echo "pg-matrix: MATRIX_TESTS must be full or quick, not '$tests'" >&2; exit 2 ;;
+  *) echo "pg-matrix: MATRIX_TESTS must be full, pack or quick, not '$tests'" >&2; exit 2 ;;
 esac
 
 if [ "$fetch_only" = 0 ]; then
