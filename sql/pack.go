@@ -99,7 +99,8 @@ var (
 )
 
 // Pack reads every migration of the embedded pack, in version order. It
-// fails when a file is neither a port nor a fix, or is both.
+// fails when a .sql file is not named NNNN_name.sql, is neither a port nor
+// a fix, or is both.
 func Pack() ([]Migration, error) {
 	packOnce.Do(func() { pack, packErr = read(FS) })
 	return pack, packErr
@@ -122,9 +123,14 @@ func read(fsys fs.FS) ([]Migration, error) {
 	}
 	var out []Migration
 	for _, e := range entries {
+		if !strings.HasSuffix(e.Name(), ".sql") {
+			continue
+		}
 		m := fileNameRE.FindStringSubmatch(e.Name())
 		if m == nil {
-			continue
+			// goose would run a file such as 28_x.sql or 0028_X.sql; the
+			// pack cannot say what it is, so it refuses the whole pack.
+			return nil, fmt.Errorf("the pack cannot classify %s: a migration is named NNNN_name.sql (four digits, lower case), and goose would run this file", e.Name())
 		}
 		raw, err := fs.ReadFile(fsys, e.Name())
 		if err != nil {
