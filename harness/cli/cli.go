@@ -142,6 +142,9 @@ func printHelp(w io.Writer) {
 	for _, c := range commands() {
 		fmt.Fprintf(w, "  %-8s %s\n", c.name, c.summary)
 	}
+	fmt.Fprintln(w, "\nThrowaway work (repro, bench, soak, db) uses an existing server only when named: --dsn or HARNESS_DSN,")
+	fmt.Fprintln(w, "never DATABASE_URL; there it creates its own databases and drops only those. migrate, baseline, sql")
+	fmt.Fprintln(w, "and doctor work on the --dsn they are given.")
 	fmt.Fprintln(w, "\nRun `harness <command> -h` for its flags.")
 }
 

@@ -196,3 +196,18 @@ func TestPgBouncerInFrontOfTheLocalServer(t *testing.T) {
 		})
 	}
 }
+
+// TestOptionsFromEnvNeverReadsDatabaseURL: DATABASE_URL names the
+// application's database on the hosts duroxide runs on; throwaway work must
+// not land there.
+func TestOptionsFromEnvNeverReadsDatabaseURL(t *testing.T) {
+	t.Setenv("HARNESS_DSN", "")
+	t.Setenv("HARNESS_BACKEND", "")
+	t.Setenv("DATABASE_URL", "postgres://app@127.0.0.1:1/production")
+	require.Empty(t, OptionsFromEnv().DSN)
+	t.Setenv("HARNESS_BACKEND", "dsn")
+	_, err := Start(context.Background(), OptionsFromEnv())
+	require.ErrorContains(t, err, "needs HARNESS_DSN")
+	t.Setenv("HARNESS_DSN", "postgres://harness@127.0.0.1:1/scratch")
+	require.Equal(t, "postgres://harness@127.0.0.1:1/scratch", OptionsFromEnv().DSN, "HARNESS_DSN names a server")
+}

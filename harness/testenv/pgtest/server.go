@@ -40,7 +40,7 @@ var ErrUnavailable = errors.New("backend unavailable")
 // the environment.
 type Options struct {
 	Backend Backend // HARNESS_BACKEND; empty means Auto
-	DSN     string  // HARNESS_DSN, else DATABASE_URL: an existing server
+	DSN     string  // HARNESS_DSN: an existing server (never DATABASE_URL, see OptionsFromEnv)
 	PGBin   string  // PG_BIN: directory holding initdb, postgres
 	Image   string  // HARNESS_PG_IMAGE: Docker image (default postgres:16-alpine)
 	// Preload are libraries a started server loads (shared_preload_libraries),
@@ -52,13 +52,13 @@ type Options struct {
 	Logf func(format string, args ...any)
 }
 
-// OptionsFromEnv reads HARNESS_BACKEND, HARNESS_DSN (or DATABASE_URL),
-// PG_BIN and HARNESS_PG_IMAGE.
+// OptionsFromEnv reads HARNESS_BACKEND, HARNESS_DSN, PG_BIN and
+// HARNESS_PG_IMAGE. It does not read DATABASE_URL: that usually names the
+// application's own database (duroxide-pg's and duroxide-node's tests use
+// it), and throwaway work must run on a server only when it was named for
+// that.
 func OptionsFromEnv() Options {
 	dsn := os.Getenv("HARNESS_DSN")
-	if dsn == "" {
-		dsn = os.Getenv("DATABASE_URL")
-	}
 	return Options{
 		Backend: Backend(os.Getenv("HARNESS_BACKEND")),
 		DSN:     dsn,
@@ -100,7 +100,7 @@ func Start(ctx context.Context, opts Options) (*Server, error) {
 		return wrap(Local)(startLocal(ctx, opts))
 	case DSN:
 		if opts.DSN == "" {
-			return nil, errors.New("HARNESS_BACKEND=dsn needs HARNESS_DSN (or DATABASE_URL) to name a server")
+			return nil, errors.New("HARNESS_BACKEND=dsn needs HARNESS_DSN to name a server (DATABASE_URL is not read: throwaway work runs only on a server named for it)")
 		}
 		return wrap(DSN)(openDSN(ctx, opts.DSN))
 	case Docker:
