@@ -5,7 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
+	"os/signal"
 	"strings"
+	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -114,6 +117,10 @@ func runDoctor(ctx context.Context, env *Env, args []string) error {
 
 	opts := doctor.Options{Schema: t.schema, VersionTable: t.cfg.VersionTable, MaxAttempts: *maxAttempts}
 	if *watch > 0 {
+		// Ctrl-C ends the watch: the last line is finished and the exit
+		// code is the last check's, not the signal's.
+		ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+		defer stop()
 		return watchDoctor(ctx, env, db, opts, *watch)
 	}
 	rep, err := doctor.Check(ctx, db, opts)

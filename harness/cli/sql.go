@@ -1,14 +1,18 @@
 package cli
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
+	"slices"
 	"strconv"
 
 	"github.com/duroxide-pg/migrations/harness/ops/migrate"
 	"github.com/duroxide-pg/migrations/harness/ops/sqlscript"
+	migrations "github.com/duroxide-pg/migrations/sql"
 )
 
 // runSQL prints the SQL `harness migrate up|down` would run (package
@@ -41,8 +45,12 @@ func runSQL(ctx context.Context, env *Env, args []string) error {
 	if err := t.resolve(); err != nil {
 		return err
 	}
-	if t.cfg.MigrationsFS() != nil {
-		return usagef("goose.yaml names a migrations directory: harness sql writes the embedded pack's migrations only")
+	if dir := t.cfg.MigrationsFS(); dir != nil {
+		// From a checkout, goose.yaml names its sql/: the same files as
+		// the embedded pack, unless they were edited since the build.
+		if diff := differingMigration(dir, migrations.FS); diff != "" {
+			return usagef("goose.yaml's migrations directory differs from the pack built into this harness (%s): harness sql writes the embedded pack's migrations only; rebuild the harness, or run it where goose.yaml does not name that directory", diff)
+		}
 	}
 	db, err := t.connect(ctx)
 	if err != nil {
@@ -75,4 +83,30 @@ func runSQL(ctx context.Context, env *Env, args []string) error {
 	fmt.Fprintf(env.Stderr, "harness: wrote %s: %d migration(s), goose version %d -> %d of schema %s; run it with psql -v ON_ERROR_STOP=1 --single-transaction -f %s \"$DSN\"\n",
 		*out, len(plan.Migrations), plan.From, plan.To, plan.Schema, *out)
 	return nil
+}
+
+// differingMigration names the first .sql file that is not the same in a
+// and b ("" when they hold the same .sql files, byte for byte).
+func differingMigration(a, b fs.FS) string {
+	names := func(fsys fs.FS) []string {
+		m, _ := fs.Glob(fsys, "*.sql")
+		return m
+	}
+	an, bn := names(a), names(b)
+	for _, n := range an {
+		if !slices.Contains(bn, n) {
+			return n + " is not in the built pack"
+		}
+	}
+	for _, n := range bn {
+		x, errA := fs.ReadFile(a, n)
+		y, errB := fs.ReadFile(b, n)
+		switch {
+		case errA != nil:
+			return n + " is missing from the directory"
+		case errB != nil || !bytes.Equal(x, y):
+			return n + " differs"
+		}
+	}
+	return ""
 }

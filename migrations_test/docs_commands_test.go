@@ -1,0 +1,285 @@
+package migrations_test
+
+// Every shell command README.md and docs/OPERATIONS.md show runs here, from
+// the checkout's root, as written: the documents' DSNs become a throwaway
+// database's, `bin/harness` the harness built from this checkout, and
+// nothing else changes. A block this file does not know fails the test, so
+// a command added to the documents gets its run here.
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/duroxide-pg/migrations/harness/testenv/testdb"
+	"github.com/duroxide-pg/migrations/harness/testenv/upstream"
+)
+
+// docBlock is one ```sh block of a document.
+type docBlock struct {
+	file  string
+	line  int
+	lines []string // as written, comments and blank lines included
+}
+
+var fenceRE = regexp.MustCompile("(?s)```sh\n(.*?)```")
+
+func docBlocks(t *testing.T, file string) []docBlock {
+	t.Helper()
+	raw, err := os.ReadFile(filepath.Join("..", file))
+	require.NoError(t, err)
+	var out []docBlock
+	text := string(raw)
+	for _, m := range fenceRE.FindAllStringSubmatchIndex(text, -1) {
+		body := text[m[2]:m[3]]
+		out = append(out, docBlock{file: file, line: strings.Count(text[:m[0]], "\n") + 1, lines: strings.Split(strings.TrimRight(body, "\n"), "\n")})
+	}
+	return out
+}
+
+// docState is the database a block starts on.
+type docState int
+
+const (
+	fresh        docState = iota // an empty database
+	realUpstream                 // made by the real provider (upstream's runner)
+	realAsApp                    // made by the real provider connected as role duroxide_app
+	latest                       // the pack's latest
+	trapped                      // the pack's latest, one message trapped (attempt_count 50) for docs-instance-1
+	notRun                       // the block is not run here (reason given)
+)
+
+// docSpec says how a block runs: its start state, the exit status of the
+// commands that do not exit 0 (by a substring of the command), and for
+// notRun why.
+type docSpec struct {
+	state docState
+	exits map[string]int
+	why   string
+	// interrupt: commands (by substring) that run until Ctrl-C: they get
+	// SIGINT after two seconds and must then exit 0.
+	interrupt []string
+	// writes: files the block leaves in the scratch directory (the
+	// documents' /var/lib/node_exporter), with a line each must hold.
+	writes map[string]string
+	// whole: the block is one command line (a crontab entry), run as one
+	// script.
+	whole bool
+}
+
+// docSpecs are keyed by the block's first line, as written.
+var docSpecs = map[string]docSpec{
+	// README.md
+	"make repro   # show the bugs and the fixes (orchestration fetch, worker queue, the real runtime), on a throwaway PostgreSQL": {
+		state: notRun, why: "make repro and make test are what CI runs (.ci/run): the whole suite cannot run itself"},
+	"export HARNESS_DSN='postgres://postgres:harness@127.0.0.1:55432/postgres?sslmode=disable'": {
+		state: notRun, why: "make test against docker compose's server, which needs a Docker engine; the dsn backend it selects is tested by pgtest's TestDSNBackend*"},
+	"make up DSN='postgres://user@host:5432/app' SCHEMA=duroxide":                      {state: fresh},
+	"go run ./harness/cmd/harness baseline --dsn \"$DSN\" --schema duroxide --dry-run": {state: realUpstream},
+	"psql \"$DSN\" -c 'CREATE SCHEMA IF NOT EXISTS duroxide'":                          {state: fresh},
+	// docs/OPERATIONS.md
+	"pg_dump --schema=duroxide --format=custom --file=duroxide-before-fix.dump \"$DSN\"":                                      {state: realUpstream},
+	"bin/harness doctor --dsn \"$DSN\" --schema duroxide":                                                                     {state: realUpstream, exits: map[string]int{"doctor": 1}}, // warnings: unfixed, no goose table
+	"bin/harness baseline --dsn \"$DSN\" --schema duroxide --dry-run   # what it would do, and what migrate up would then do": {state: realUpstream},
+	"bin/harness baseline   --dsn \"$ADMIN_DSN\" --schema duroxide --role duroxide_app":                                       {state: realAsApp},
+	"bin/harness migrate up --dsn \"$DSN\" --schema duroxide            # or --to 21: the fixes only":                         {state: fresh},
+	"bin/harness sql up --dsn \"$DSN\" --schema duroxide -o duroxide-up.sql      # or --to 21":                                {state: fresh},
+	"export GOOSE_DRIVER=postgres": {state: fresh},
+	"bin/harness migrate up --dsn \"postgres://duroxide_owner@db-host:5432/app\" --schema duroxide   # direct: 5432": {state: fresh},
+	"bin/harness doctor --dsn \"$DSN\" --schema duroxide            # expect OK, every fixed function \"fixed\"":     {state: latest, interrupt: []string{"--watch"}},
+	"# cron, every minute; node_exporter --collector.textfile.directory=/var/lib/node_exporter": {state: latest, whole: true,
+		writes: map[string]string{"duroxide.prom": "duroxide_doctor_status"}},
+	"bin/harness doctor --dsn \"$DSN\" --schema duroxide --reset-attempts INSTANCE...          # dry run":            {state: trapped},
+	"bin/harness migrate down --dsn \"$DSN\" --schema duroxide --to 21   # back to upstream 19's schema, fixes kept": {state: fresh},
+}
+
+func TestEveryDocumentedCommandRunsFromTheCheckoutRoot(t *testing.T) {
+	root, err := filepath.Abs("..")
+	require.NoError(t, err)
+	bin := filepath.Join(t.TempDir(), "harness")
+	build := exec.Command("go", "build", "-o", bin, "./harness/cmd/harness")
+	build.Dir = root
+	out, err := build.CombinedOutput()
+	require.NoError(t, err, "go build: %s", out)
+
+	var blocks []docBlock
+	for _, f := range []string{"README.md", "docs/OPERATIONS.md"} {
+		blocks = append(blocks, docBlocks(t, f)...)
+	}
+	require.NotEmpty(t, blocks)
+	seen := map[string]bool{}
+	for _, b := range blocks {
+		first := b.lines[0]
+		spec, ok := docSpecs[first]
+		require.True(t, ok, "%s:%d: a block this test does not know; give it a docSpec: %q", b.file, b.line, first)
+		seen[first] = true
+		t.Run(fmt.Sprintf("%s:%d", b.file, b.line), func(t *testing.T) {
+			if spec.state == notRun {
+				t.Logf("not run here: %s", spec.why)
+				require.NotEmpty(t, spec.why)
+				return
+			}
+			runDocBlock(t, root, bin, b, spec)
+		})
+	}
+	for first := range docSpecs {
+		require.True(t, seen[first], "a docSpec for a block no document has any more: %q", first)
+	}
+}
+
+// docDB makes the block's start state and returns its DSN (no query
+// string: the documents append one) and its database.
+func docDB(t *testing.T, state docState) (dsn string, db *testdb.Database) {
+	t.Helper()
+	ctx := context.Background()
+	if state == latest || state == trapped {
+		db = dbs.New(t, testdb.Latest)
+	} else {
+		db = dbs.New(t, 0)
+	}
+	switch state {
+	case trapped:
+		conn, err := pgx.Connect(ctx, db.DSN)
+		require.NoError(t, err)
+		defer conn.Close(ctx)
+		_, err = conn.Exec(ctx, "INSERT INTO "+db.Qualify("orchestrator_queue")+" (instance_id, work_item, visible_at, created_at, attempt_count) VALUES ('docs-instance-1', '{}', now(), now(), 50)")
+		require.NoError(t, err)
+	case realUpstream:
+		require.NoError(t, upstream.Require(t).Migrate(ctx, db.DSN, "duroxide"))
+	case realAsApp:
+		p := upstream.Require(t)
+		conn, err := pgx.Connect(ctx, db.DSN)
+		require.NoError(t, err)
+		defer conn.Close(ctx)
+		_, err = conn.Exec(ctx, `DO $$ BEGIN CREATE ROLE duroxide_app LOGIN; EXCEPTION WHEN duplicate_object THEN NULL; END $$`)
+		require.NoError(t, err)
+		_, err = conn.Exec(ctx, "GRANT CREATE ON DATABASE "+pgx.Identifier{db.Name}.Sanitize()+" TO duroxide_app")
+		require.NoError(t, err)
+		_, err = conn.Exec(ctx, "DROP SCHEMA IF EXISTS duroxide")
+		require.NoError(t, err)
+		asApp, err := pgx.ParseConfig(db.DSN)
+		require.NoError(t, err)
+		require.NoError(t, p.Migrate(ctx, strings.Replace(db.DSN, "://"+asApp.User+"@", "://duroxide_app@", 1), "duroxide"))
+	}
+	base, _, _ := strings.Cut(db.DSN, "?")
+	return base, db
+}
+
+// docSubstitutions turn a document's line into the one the test runs.
+func docLine(line, dsn, bin, scratch string) string {
+	r := strings.NewReplacer(
+		"go run ./harness/cmd/harness ", bin+" ",
+		"bin/harness ", bin+" ",
+		"postgres://user@host:5432/app", dsn,
+		"postgres://duroxide_owner@db-host:5432/app", dsn,
+		"/var/lib/node_exporter/", scratch+"/",
+		"INSTANCE...", "docs-instance-1",
+	)
+	return r.Replace(line)
+}
+
+// docOutputs are the files the documents' commands write into the
+// checkout's root; the test refuses to run over an existing one and
+// removes what it wrote.
+var docOutputs = []string{"duroxide-before-fix.dump", "up.sql", "duroxide-up.sql", "duroxide-down.sql"}
+
+func runDocBlock(t *testing.T, root, bin string, b docBlock, spec docSpec) {
+	dsn, _ := docDB(t, spec.state)
+	for _, f := range docOutputs {
+		path := filepath.Join(root, f)
+		_, err := os.Stat(path)
+		require.True(t, os.IsNotExist(err), "%s exists in the checkout; the test will not overwrite it", path)
+		t.Cleanup(func() { _ = os.Remove(path) })
+	}
+	scratch := t.TempDir()
+	env := append(os.Environ(), "DSN="+dsn, "ADMIN_DSN="+dsn, "DUROXIDE_PG_DSN="+dsn, "PGSSLMODE=disable", "HARNESS_DSN=")
+	lines := b.lines
+	if spec.whole {
+		var joined []string
+		for _, l := range lines {
+			if !strings.HasPrefix(strings.TrimSpace(l), "#") {
+				joined = append(joined, l)
+			}
+		}
+		lines = []string{strings.Join(joined, "\n")}
+	}
+	var exports []string
+	for i, raw := range lines {
+		line := strings.TrimSpace(raw)
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		if line == "# or" {
+			continue
+		}
+		cmdline := docLine(line, dsn, bin, scratch)
+		if strings.HasPrefix(line, "export ") {
+			exports = append(exports, cmdline)
+			continue
+		}
+		want := 0
+		for sub, code := range spec.exits {
+			if strings.Contains(line, sub) {
+				want = code
+			}
+		}
+		interrupt := false
+		for _, sub := range spec.interrupt {
+			interrupt = interrupt || strings.Contains(line, sub)
+		}
+		script := strings.Join(append(append([]string{}, exports...), cmdline), "\n")
+		code, output := runDocCommand(t, root, env, script, interrupt)
+		t.Logf("%s:%d: %s -> exit %d\n%s", b.file, b.line+1+i, line, code, output)
+		require.Equal(t, want, code, "%s:%d: %s\n%s", b.file, b.line+1+i, line, output)
+	}
+	for name, want := range spec.writes {
+		got, err := os.ReadFile(filepath.Join(scratch, name))
+		require.NoError(t, err, "%s:%d leaves %s", b.file, b.line, name)
+		require.Contains(t, string(got), want)
+	}
+}
+
+// runDocCommand runs script with bash in root; with interrupt it sends
+// SIGINT after two seconds (Ctrl-C).
+func runDocCommand(t *testing.T, root string, env []string, script string, interrupt bool) (int, string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "bash", "-c", script)
+	cmd.Dir = root
+	cmd.Env = env
+	var out strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if interrupt {
+		// bash forwards nothing: run the one command in its own group and
+		// signal the group, as a terminal's Ctrl-C does.
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+		require.NoError(t, cmd.Start())
+		time.Sleep(2 * time.Second)
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGINT)
+		err := cmd.Wait()
+		return exitCode(err), out.String()
+	}
+	err := cmd.Run()
+	return exitCode(err), out.String()
+}
+
+func exitCode(err error) int {
+	if err == nil {
+		return 0
+	}
+	if ee, ok := err.(*exec.ExitError); ok {
+		return ee.ExitCode()
+	}
+	return -1
+}
