@@ -120,6 +120,27 @@ func runMigrate(ctx context.Context, env *Env, args []string) error {
 	if err := t.resolve(); err != nil {
 		return err
 	}
+	// status, version and the check before down only read: goose's own
+	// provider would create the schema and its table to answer them.
+	switch action {
+	case "status", "version", "down":
+		st, err := t.inspect(ctx)
+		if err != nil {
+			return err
+		}
+		switch {
+		case action == "version":
+			fmt.Fprintln(env.Stdout, st.Version())
+			if !st.TableExists {
+				fmt.Fprintf(env.Stderr, "harness: %s\n", missingWhat(st))
+			}
+			return nil
+		case action == "status":
+			return printStatus(env, t, st)
+		case !st.SchemaExists || !st.TableExists:
+			return usagef("%s: nothing to roll back; nothing was created", missingWhat(st))
+		}
+	}
 	r, err := t.open(ctx, *verbose)
 	if err != nil {
 		return err
@@ -157,24 +178,53 @@ func runMigrate(ctx context.Context, env *Env, args []string) error {
 			return err
 		}
 		return printVersion(ctx, env, r, "now at version")
-	case "version":
-		return printVersion(ctx, env, r, "")
-	default: // status
-		st, err := r.Status(ctx)
-		if err != nil {
-			return err
-		}
-		tw := tabwriter.NewWriter(env.Stdout, 0, 4, 2, ' ', 0)
-		fmt.Fprintf(tw, "VERSION\tSTATE\tAPPLIED AT\tFILE\n")
-		for _, s := range st {
-			at := "-"
-			if !s.AppliedAt.IsZero() {
-				at = s.AppliedAt.UTC().Format("2006-01-02 15:04:05Z")
-			}
-			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\n", s.Source.Version, s.State, at, s.Source.Path)
-		}
-		return tw.Flush()
 	}
+	return nil
+}
+
+// inspect reads the target's state without changing anything.
+func (t *target) inspect(ctx context.Context) (*migrate.State, error) {
+	st, err := migrate.Inspect(ctx, t.dsn, migrate.Options{Schema: t.schema, VersionTable: t.cfg.VersionTable, Role: t.role})
+	if errors.Is(err, migrate.ErrNeedsBaseline) || errors.Is(err, migrate.ErrPooler) {
+		return nil, usagef("%v", err)
+	}
+	if err != nil {
+		return nil, usagef("cannot use %s: %s; check the DSN and that the server runs", pgtest.Redact(t.dsn), oneLine(pgErrText(err)))
+	}
+	return st, nil
+}
+
+// missingWhat says what a schema lacks for goose ("" when nothing).
+func missingWhat(st *migrate.State) string {
+	switch {
+	case !st.SchemaExists:
+		return fmt.Sprintf("schema %s does not exist", st.Schema)
+	case !st.TableExists:
+		return fmt.Sprintf("schema %s has no goose version table", st.Schema)
+	}
+	return ""
+}
+
+// printStatus lists every migration of the pack with its state, as goose's
+// status does, from what ReadState read.
+func printStatus(env *Env, t target, st *migrate.State) error {
+	sources, err := migrate.Sources(t.cfg.MigrationsFS())
+	if err != nil {
+		return err
+	}
+	if !st.TableExists {
+		fmt.Fprintf(env.Stderr, "harness: %s: every migration is pending\n", missingWhat(st))
+	}
+	tw := tabwriter.NewWriter(env.Stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "VERSION\tSTATE\tAPPLIED AT\tFILE\n")
+	for _, s := range sources {
+		state, at := "pending", "-"
+		if when, ok := st.AppliedAt(s.Version); ok {
+			state, at = "applied", when.UTC().Format("2006-01-02 15:04:05Z")
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\n", s.Version, state, at, s.Path)
+	}
+	return tw.Flush()
 }
 
 func printVersion(ctx context.Context, env *Env, r *migrate.Runner, prefix string) error {

@@ -82,9 +82,11 @@ type Report struct {
 	// MaxAttemptCount is the highest attempt_count of any orchestrator
 	// message; TrappedMessages counts the messages above MaxAttempts (over
 	// every instance, not only the ones listed in Trapped).
-	MaxAttemptCount int64     `json:"max_attempt_count"`
-	TrappedMessages int64     `json:"trapped_message_count"`
-	Findings        []Finding `json:"findings"`
+	MaxAttemptCount int64 `json:"max_attempt_count"`
+	TrappedMessages int64 `json:"trapped_message_count"`
+	// Heads is the queue heads' check, nil where the schema has none.
+	Heads    *Heads    `json:"queue_heads,omitempty"`
+	Findings []Finding `json:"findings"`
 }
 
 // Verdicts of a FunctionCheck.
@@ -234,6 +236,9 @@ func Check(ctx context.Context, q Querier, opts Options) (*Report, error) {
 	// Queue and locks.
 	if hasQueue {
 		if err := checkQueue(ctx, q, s, opts, r, add); err != nil {
+			return nil, err
+		}
+		if err := checkHeads(ctx, q, s, r, add); err != nil {
 			return nil, err
 		}
 	}

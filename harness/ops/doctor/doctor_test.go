@@ -253,3 +253,58 @@ func TestNoSchema(t *testing.T) {
 	require.Equal(t, doctor.Critical, r.Status)
 	require.Contains(t, finding(r, "schema").Message, "no duroxide tables")
 }
+
+// TestQueueHeadsBrokenByADisabledTriggerAreCriticalUntilRepaired: with the
+// heads' insert trigger disabled, a message enqueued has no head (the fetch
+// cannot see it): doctor says critical, the metric counts it, and the
+// repair doctor names brings it back to OK.
+func TestQueueHeadsBrokenByADisabledTriggerAreCriticalUntilRepaired(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	d := dbs.New(t, migrations.Latest())
+	db := openDB(t, d)
+	q := d.Qualify("orchestrator_queue")
+	enqueue := func(instance string) {
+		exec(t, db, "INSERT INTO "+q+" (instance_id, work_item, visible_at, created_at) VALUES ($1, '{}', now(), now())", instance)
+	}
+	enqueue("kept")
+	r := check(t, d, db)
+	require.Equal(t, doctor.OK, finding(r, "queue_heads").Severity, "%+v", r.Findings)
+	require.NotNil(t, r.Heads)
+	require.Zero(t, r.Heads.LateInstances)
+
+	exec(t, db, "ALTER TABLE "+q+" DISABLE TRIGGER orchestrator_queue_heads_after_insert")
+	enqueue("lost")
+	r = check(t, d, db)
+	f := finding(r, "queue_heads")
+	require.Equal(t, doctor.Critical, f.Severity)
+	require.Equal(t, doctor.Critical, r.Status)
+	require.Contains(t, f.Message, "orchestrator_queue_heads_after_insert (disabled)")
+	require.Equal(t, int64(1), r.Heads.LateInstances)
+	require.Equal(t, "lost", r.Heads.Example)
+	var prom bytes.Buffer
+	require.NoError(t, r.WritePrometheus(&prom))
+	require.Contains(t, prom.String(), `duroxide_doctor_queue_heads_late_instances{schema="duroxide"} 1`)
+	require.Contains(t, prom.String(), `duroxide_doctor_queue_heads_disabled_triggers{schema="duroxide"} 1`)
+
+	// Triggers enabled again, the head is still missing: still critical.
+	exec(t, db, "ALTER TABLE "+q+" ENABLE TRIGGER orchestrator_queue_heads_after_insert")
+	r = check(t, d, db)
+	require.Equal(t, doctor.Critical, finding(r, "queue_heads").Severity)
+	require.Contains(t, finding(r, "queue_heads").Message, "(e.g. lost)")
+
+	// The repair doctor names: re-apply the heads' migration.
+	action := finding(r, "queue_heads").Action
+	require.Contains(t, action, fmt.Sprintf("migrate down --to %d", migrations.Latest()-1))
+	runner := d.Runner(t)
+	_, err := runner.DownTo(ctx, migrations.Latest()-1)
+	require.NoError(t, err)
+	_, err = runner.Up(ctx)
+	require.NoError(t, err)
+	r = check(t, d, db)
+	require.Equal(t, doctor.OK, finding(r, "queue_heads").Severity, "%+v", finding(r, "queue_heads"))
+	require.Zero(t, r.Heads.LateInstances)
+	var n int
+	require.NoError(t, db.QueryRowContext(ctx, "SELECT count(*) FROM "+q).Scan(&n))
+	require.Equal(t, 2, n, "the repair keeps the queue's messages")
+}

@@ -65,6 +65,12 @@ func (r *Report) WritePrometheus(w io.Writer) error {
 		gauge("duroxide_doctor_goose_version", "Newest migration version goose records as applied.")
 		fmt.Fprintf(&b, "duroxide_doctor_goose_version{%s} %d\n", schema, *r.GooseVersion)
 	}
+	if r.Heads != nil {
+		gauge("duroxide_doctor_queue_heads_late_instances", "Instances with queued messages whose queue head is missing or later than their oldest message (fetch_orchestration_item cannot see them).")
+		fmt.Fprintf(&b, "duroxide_doctor_queue_heads_late_instances{%s} %d\n", schema, r.Heads.LateInstances)
+		gauge("duroxide_doctor_queue_heads_disabled_triggers", "Triggers keeping the queue heads that do not fire in an ordinary session.")
+		fmt.Fprintf(&b, "duroxide_doctor_queue_heads_disabled_triggers{%s} %d\n", schema, len(r.Heads.DisabledTriggers))
+	}
 	gauge("duroxide_doctor_pack_latest_version", "Newest migration version of the pack this doctor knows.")
 	fmt.Fprintf(&b, "duroxide_doctor_pack_latest_version{%s} %d\n", schema, r.PackLatest)
 	_, err := io.WriteString(w, b.String())

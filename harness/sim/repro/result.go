@@ -217,11 +217,8 @@ func checkSchemas(ctx context.Context, dsn string, schemas map[int]string, scena
 	return versions, nil
 }
 
+// schemaVersion reads schema's goose version without writing (a missing
+// schema is version 0, and is not created).
 func schemaVersion(ctx context.Context, dsn, schema string) (int64, error) {
-	r, err := migrate.Open(ctx, dsn, migrate.Options{Schema: schema})
-	if err != nil {
-		return 0, err
-	}
-	defer r.Close()
-	return r.Version(ctx)
+	return migrate.CurrentVersion(ctx, dsn, schema)
 }

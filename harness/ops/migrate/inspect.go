@@ -1,0 +1,172 @@
+package migrate
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"io/fs"
+	"path"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	migrations "github.com/duroxide-pg/migrations/sql"
+)
+
+// ErrNoSchema reports a target schema that does not exist.
+var ErrNoSchema = errors.New("schema does not exist")
+
+// ErrNoVersionTable reports a schema without goose's table.
+var ErrNoVersionTable = errors.New("no goose version table")
+
+// Applied is what goose's table records of one version.
+type Applied struct {
+	Version   int64
+	AppliedAt time.Time
+}
+
+// State is what a schema holds of the pack, read without changing
+// anything (goose's own provider creates its table when it is missing,
+// even to report a status).
+type State struct {
+	Schema       string
+	SchemaExists bool
+	TableExists  bool
+	// Applied are the versions goose's table records as applied, in order.
+	Applied []Applied
+}
+
+// Version is the newest applied version (0 for none).
+func (s *State) Version() int64 {
+	if len(s.Applied) == 0 {
+		return 0
+	}
+	return s.Applied[len(s.Applied)-1].Version
+}
+
+// AppliedAt returns when version was applied, and whether it is.
+func (s *State) AppliedAt(version int64) (time.Time, bool) {
+	for _, a := range s.Applied {
+		if a.Version == version {
+			return a.AppliedAt, true
+		}
+	}
+	return time.Time{}, false
+}
+
+// ReadState reads schema's goose table (table: VersionTable when empty)
+// through db. It only reads: a missing schema or table is reported in
+// State, not created.
+func ReadState(ctx context.Context, db *sql.DB, schema, table string) (*State, error) {
+	if table == "" {
+		table = VersionTable
+	}
+	st := &State{Schema: schema}
+	err := db.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1),
+		EXISTS (SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $1 AND c.relname = $2)`,
+		schema, table).Scan(&st.SchemaExists, &st.TableExists)
+	if err != nil {
+		return nil, fmt.Errorf("look for schema %s: %w", schema, err)
+	}
+	if !st.TableExists {
+		return st, nil
+	}
+	// goose's reading: a version's newest row says whether it is applied.
+	rows, err := db.QueryContext(ctx, `SELECT version_id, is_applied, tstamp FROM (
+		SELECT DISTINCT ON (version_id) version_id, is_applied, tstamp FROM `+pgx.Identifier{schema, table}.Sanitize()+`
+		WHERE version_id > 0 ORDER BY version_id, id DESC) v ORDER BY version_id`)
+	if err != nil {
+		return nil, fmt.Errorf("read %s.%s: %w", schema, table, err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var a Applied
+		var applied bool
+		if err := rows.Scan(&a.Version, &applied, &a.AppliedAt); err != nil {
+			return nil, err
+		}
+		if applied {
+			st.Applied = append(st.Applied, a)
+		}
+	}
+	return st, rows.Err()
+}
+
+// Inspect connects to dsn and reads opts.Schema's State, checking nothing
+// but what needs no write: a direct connection and, when the schema has
+// duroxide-pg's objects, that it was adopted (ErrNeedsBaseline otherwise).
+func Inspect(ctx context.Context, dsn string, opts Options) (*State, error) {
+	if opts.Schema == "" {
+		opts.Schema = DefaultSchema
+	}
+	db, err := OpenDB(dsn, opts.Schema, opts.Role)
+	if err != nil {
+		return nil, err
+	}
+	defer db.Close()
+	if err := db.PingContext(ctx); err != nil {
+		if unsupportedStartup(err) {
+			return nil, poolerErr(oneLine(err.Error()))
+		}
+		return nil, fmt.Errorf("connect: %w", err)
+	}
+	if err := CheckDirect(ctx, db, opts.Schema); err != nil {
+		return nil, err
+	}
+	table := opts.VersionTable
+	if table == "" {
+		table = VersionTable
+	}
+	if err := checkAdopted(ctx, db, opts.Schema, table); err != nil {
+		return nil, err
+	}
+	return ReadState(ctx, db, opts.Schema, table)
+}
+
+// Source is one migration file of a pack.
+type Source struct {
+	Version int64
+	Path    string
+}
+
+// Sources lists the migrations of fsys (the embedded pack when nil), in
+// version order, as goose names them: NNNN_name.sql.
+func Sources(fsys fs.FS) ([]Source, error) {
+	if fsys == nil {
+		fsys = migrations.FS
+	}
+	names, err := fs.Glob(fsys, "*.sql")
+	if err != nil {
+		return nil, err
+	}
+	var out []Source
+	for _, n := range names {
+		num, _, ok := strings.Cut(path.Base(n), "_")
+		v, err := strconv.ParseInt(num, 10, 64)
+		if !ok || err != nil {
+			return nil, fmt.Errorf("migration %s: no version number", n)
+		}
+		out = append(out, Source{Version: v, Path: n})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Version < out[j].Version })
+	return out, nil
+}
+
+// CurrentVersion is the newest version goose's table in schema records,
+// read without writing (0 when the schema or table is missing).
+func CurrentVersion(ctx context.Context, dsn, schema string) (int64, error) {
+	db, err := OpenDB(dsn, schema, "")
+	if err != nil {
+		return 0, err
+	}
+	defer db.Close()
+	st, err := ReadState(ctx, db, schema, VersionTable)
+	if err != nil {
+		return 0, err
+	}
+	return st.Version(), nil
+}
