@@ -331,6 +331,12 @@ const scenarios = {
     const completed = done.filter((d) => d.status === 'Completed' && d.output === '{"sum":14}').length;
     return { status: completed === count ? 'Completed' : 'Incomplete', count, completed, wallMs, perSecond: (completed * 1000) / Math.max(wallMs, 1) };
   },
+  // No instance: the runtime only works for delayMs (another process's
+  // instances, in a run of several runtime processes on one schema).
+  async idle(client, id, s) {
+    await sleep(s.delayMs || 1000);
+    return { status: 'Completed' };
+  },
   // One instance of Once the caller works against from outside (the
   // runtime repro): its status when done or when timeoutMs ran out.
   async single(client, id, s, timeoutMs) {

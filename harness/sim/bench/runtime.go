@@ -83,6 +83,10 @@ type RuntimeSample struct {
 	// included), CPUMsPerOrch that per completed orchestration.
 	ServerCPUS   *float64 `json:"server_cpu_s"`
 	CPUMsPerOrch *float64 `json:"server_cpu_ms_per_orchestration"`
+	// Turns are the orchestration turns the runtime ran (the driver's
+	// create calls), CPUMsPerTurn the server's CPU per turn.
+	Turns        int      `json:"turns"`
+	CPUMsPerTurn *float64 `json:"server_cpu_ms_per_turn"`
 	// LeaseLines counts the runtime's WARN/ERROR lines of the lease kind.
 	LeaseLines int                     `json:"lease_kind_lines"`
 	Functions  map[string]FunctionStat `json:"functions,omitempty"`
@@ -100,6 +104,7 @@ type RuntimeCell struct {
 	// Medians by side, and the ratios latest/upstream, latest/previous.
 	PerSecond    map[string]*float64 `json:"orchestrations_per_s"`
 	CPUMsPerOrch map[string]*float64 `json:"server_cpu_ms_per_orchestration"`
+	CPUMsPerTurn map[string]*float64 `json:"server_cpu_ms_per_turn"`
 	WallMs       map[string]*float64 `json:"wall_ms"`
 	// Functions sums every round of a side.
 	Functions map[string]map[string]FunctionStat `json:"functions,omitempty"`
@@ -122,7 +127,28 @@ type RuntimeBench struct {
 	// (why)".
 	Statements string        `json:"statements"`
 	Cells      []RuntimeCell `json:"cells"`
+	// Nested is the separate pass with pg_stat_statements.track = all on
+	// the largest load cell, upstream and latest once each: the statements
+	// inside the functions, by total time.
+	Nested []NestedPass `json:"nested,omitempty"`
 }
+
+// NestedPass is one run with nested statement tracking.
+type NestedPass struct {
+	Cell       string          `json:"cell"`
+	Side       string          `json:"side"`
+	Statements []StatementStat `json:"statements"`
+}
+
+// StatementStat is one statement of pg_stat_statements.
+type StatementStat struct {
+	Query   string  `json:"query"`
+	Calls   int64   `json:"calls"`
+	TotalMs float64 `json:"total_ms"`
+}
+
+// nestedTop is how many statements a nested pass lists.
+const nestedTop = 12
 
 // runtimeCells are the scenario's cells from cfg.
 func runtimeCells(cfg Config) []RuntimeCell {
@@ -201,7 +227,76 @@ func runRuntime(ctx context.Context, dsn string, cfg Config, cpu *serverCPU, not
 	for i := range out.Cells {
 		out.Cells[i].computeFigures()
 	}
+	if statements {
+		if out.Nested, err = nestedPasses(ctx, p, conn, dsn, out, cfg, note); err != nil {
+			return nil, err
+		}
+	}
 	return out, nil
+}
+
+// nestedPasses runs the largest load cell once more on upstream and latest
+// with track = all (set on the database, so the runtime's new sessions
+// take it), and lists each run's costliest statements.
+func nestedPasses(ctx context.Context, p *upstream.Provider, conn *pgx.Conn, dsn string, rb *RuntimeBench, cfg Config, note func(round int, label string)) ([]NestedPass, error) {
+	var cell *RuntimeCell
+	for i := range rb.Cells {
+		if rb.Cells[i].FanIn == 0 && (cell == nil || rb.Cells[i].Orchestrations > cell.Orchestrations) {
+			cell = &rb.Cells[i]
+		}
+	}
+	if cell == nil {
+		return nil, nil
+	}
+	var db string
+	if err := conn.QueryRow(ctx, "SELECT current_database()").Scan(&db); err != nil {
+		return nil, err
+	}
+	set := func(track string) error {
+		_, err := conn.Exec(ctx, "ALTER DATABASE "+pgx.Identifier{db}.Sanitize()+" SET pg_stat_statements.track = "+track)
+		return err
+	}
+	if err := set("'all'"); err != nil {
+		return nil, fmt.Errorf("bench: pg_stat_statements.track = all: %w", err)
+	}
+	defer func() { _ = set("DEFAULT") }()
+	var out []NestedPass
+	for _, side := range []string{RuntimeUpstream, RuntimeLatest} {
+		note(cfg.Rounds, fmt.Sprintf("%s %s, track = all", cell.Name(), side))
+		schema := "bench_rt_nested_" + side
+		if _, err := runtimeRun(ctx, p, conn, dsn, schema, side, cell, cfg, nil, true); err != nil {
+			return nil, fmt.Errorf("bench: %s %s (track = all): %w", cell.Name(), side, err)
+		}
+		top, err := topStatements(ctx, conn)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, NestedPass{Cell: cell.Name(), Side: side, Statements: top})
+	}
+	return out, nil
+}
+
+// topStatements are this database's costliest statements since the reset.
+func topStatements(ctx context.Context, conn *pgx.Conn) ([]StatementStat, error) {
+	rows, err := conn.Query(ctx, `SELECT regexp_replace(query, '\s+', ' ', 'g'), calls, total_exec_time FROM pg_stat_statements
+		WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
+		ORDER BY total_exec_time DESC LIMIT $1`, nestedTop)
+	if err != nil {
+		return nil, fmt.Errorf("pg_stat_statements: %w", err)
+	}
+	defer rows.Close()
+	var out []StatementStat
+	for rows.Next() {
+		var st StatementStat
+		if err := rows.Scan(&st.Query, &st.Calls, &st.TotalMs); err != nil {
+			return nil, err
+		}
+		if len(st.Query) > 110 {
+			st.Query = st.Query[:110] + "..."
+		}
+		out = append(out, st)
+	}
+	return out, rows.Err()
 }
 
 // runtimeRun makes schema for side, runs the cell's load on it with the
@@ -265,9 +360,13 @@ func runtimeRun(ctx context.Context, p *upstream.Provider, conn *pgx.Conn, dsn, 
 	if s.WallMs > 0 {
 		s.PerSecond = fp(float64(s.Completed) * 1000 / s.WallMs)
 	}
+	s.Turns = res.Turns
 	if cpuS >= 0 {
 		s.ServerCPUS = fp(cpuS)
 		s.CPUMsPerOrch = fp(cpuS * 1000 / float64(s.Completed))
+		if s.Turns > 0 {
+			s.CPUMsPerTurn = fp(cpuS * 1000 / float64(s.Turns))
+		}
 	}
 	if statements {
 		if s.Functions, err = functionStats(ctx, conn, schema); err != nil {
@@ -308,17 +407,17 @@ func functionStats(ctx context.Context, conn *pgx.Conn, schema string) (map[stri
 }
 
 func (c *RuntimeCell) computeFigures() {
-	c.PerSecond, c.CPUMsPerOrch, c.WallMs = map[string]*float64{}, map[string]*float64{}, map[string]*float64{}
+	c.PerSecond, c.CPUMsPerOrch, c.WallMs, c.CPUMsPerTurn = map[string]*float64{}, map[string]*float64{}, map[string]*float64{}, map[string]*float64{}
 	c.Functions = map[string]map[string]FunctionStat{}
 	by := map[string][]RuntimeSample{}
 	for _, r := range c.Rounds {
 		by[r.Side] = append(by[r.Side], r.Sample)
 	}
 	for side, samples := range by {
-		var ps, cpu, wall []*float64
+		var ps, cpu, wall, turn []*float64
 		fns := map[string]FunctionStat{}
 		for _, s := range samples {
-			ps, cpu, wall = append(ps, s.PerSecond), append(cpu, s.CPUMsPerOrch), append(wall, fp(s.WallMs))
+			ps, cpu, wall, turn = append(ps, s.PerSecond), append(cpu, s.CPUMsPerOrch), append(wall, fp(s.WallMs)), append(turn, s.CPUMsPerTurn)
 			for name, f := range s.Functions {
 				g := fns[name]
 				g.Calls += f.Calls
@@ -326,7 +425,7 @@ func (c *RuntimeCell) computeFigures() {
 				fns[name] = g
 			}
 		}
-		c.PerSecond[side], c.CPUMsPerOrch[side], c.WallMs[side] = Median(ps), Median(cpu), Median(wall)
+		c.PerSecond[side], c.CPUMsPerOrch[side], c.WallMs[side], c.CPUMsPerTurn[side] = Median(ps), Median(cpu), Median(wall), Median(turn)
 		if len(fns) > 0 {
 			c.Functions[side] = fns
 		}
@@ -410,6 +509,7 @@ func runtimeHeadline(rb *RuntimeBench) (header []string, rows [][]string) {
 			add("orchestrations/s", "%.1f", c.PerSecond)
 			add("server CPU per orchestration (ms)", "%.1f", c.CPUMsPerOrch)
 		}
+		add("server CPU per turn (ms)", "%.2f", c.CPUMsPerTurn)
 	}
 	return header, rows
 }
@@ -502,6 +602,17 @@ func runtimeMarkdown(rb *RuntimeBench, rounds int, wait time.Duration) string {
 		fmt.Fprintf(&b, "\n### %s: per function\n\n", c.Name())
 		header, rows := runtimeFunctionRows(c, rounds)
 		writeMarkdownTable(&b, header, rows)
+	}
+	for _, n := range rb.Nested {
+		fmt.Fprintf(&b, "\n### Inside the functions: %s, %s, `track = all` (a separate run; nested tracking adds its cost to every inner statement, so these times are not compared with the tables above)\n\n", n.Cell, n.Side)
+		b.WriteString("| statement | calls | total ms | mean ms |\n|---|---|---|---|\n")
+		for _, st := range n.Statements {
+			mean := 0.0
+			if st.Calls > 0 {
+				mean = st.TotalMs / float64(st.Calls)
+			}
+			fmt.Fprintf(&b, "| `%s` | %d | %.0f | %.3f |\n", strings.ReplaceAll(st.Query, "|", "\\|"), st.Calls, st.TotalMs, mean)
+		}
 	}
 	b.WriteString("\n")
 	return b.String()

@@ -3,6 +3,7 @@ package bench
 import (
 	"bytes"
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -51,10 +52,20 @@ func TestRuntimeSmokeRun(t *testing.T) {
 		require.Equal(t, int64(10), load.Functions[side]["enqueue_orchestrator_work"].Calls, "%s: one start per orchestration", side)
 		require.NotContains(t, load.Functions[side], "_duroxide_migrations", "tables are not functions")
 	}
+	require.Len(t, rb.Nested, 2, "the track = all pass: upstream and latest")
+	for _, n := range rb.Nested {
+		require.NotEmpty(t, n.Statements, n.Side)
+	}
+	for _, r := range load.Rounds {
+		require.Positive(t, r.Sample.Turns, "turns are counted")
+	}
 	var out bytes.Buffer
 	require.NoError(t, PrintTable(&out, &res))
 	require.Contains(t, out.String(), "fetch_orchestration_item")
-	require.Contains(t, Markdown(&res, ""), "## The real runtime")
+	md := Markdown(&res, "")
+	require.Contains(t, md, "## The real runtime")
+	require.Contains(t, md, "track = all")
+	require.True(t, strings.HasPrefix(md, "# Benchmark: what duroxide-pg users run today"), "the runtime comparison is the headline")
 }
 
 func TestRuntimeTargetsReportEachRatio(t *testing.T) {
