@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -223,6 +224,12 @@ func runDocBlock(t *testing.T, root, bin string, b docBlock, spec docSpec) {
 			continue
 		}
 		cmdline := docLine(line, dsn, bin, scratch)
+		if strings.HasPrefix(line, "pg_dump ") {
+			if why := pgDumpTooOld(t, dsn); why != "" {
+				t.Logf("%s:%d: not run here: %s", b.file, b.line+1+i, why)
+				continue
+			}
+		}
 		if strings.HasPrefix(line, "export ") {
 			exports = append(exports, cmdline)
 			continue
@@ -282,4 +289,25 @@ func exitCode(err error) int {
 		return ee.ExitCode()
 	}
 	return -1
+}
+
+// pgDumpTooOld says why the pg_dump on PATH cannot dump the test's server
+// (it refuses a server of a newer major: the matrix's servers come without
+// client tools), "" when it can.
+func pgDumpTooOld(t *testing.T, dsn string) string {
+	t.Helper()
+	out, err := exec.Command("pg_dump", "--version").Output()
+	require.NoError(t, err, "pg_dump --version")
+	m := regexp.MustCompile(`\) (\d+)`).FindStringSubmatch(string(out))
+	require.NotNil(t, m, "pg_dump --version: %s", out)
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, dsn+"?sslmode=disable")
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	var server int
+	require.NoError(t, conn.QueryRow(ctx, "SELECT current_setting('server_version_num')::int / 10000").Scan(&server))
+	if client, _ := strconv.Atoi(m[1]); client < server {
+		return fmt.Sprintf("pg_dump %d refuses a server of major %d (use the server's own pg_dump)", client, server)
+	}
+	return ""
 }

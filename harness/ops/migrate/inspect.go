@@ -103,20 +103,11 @@ func Inspect(ctx context.Context, dsn string, opts Options) (*State, error) {
 	if opts.Schema == "" {
 		opts.Schema = DefaultSchema
 	}
-	db, err := OpenDB(dsn, opts.Schema, opts.Role)
+	db, err := openDirect(ctx, dsn, opts.Schema, opts.Role)
 	if err != nil {
 		return nil, err
 	}
 	defer db.Close()
-	if err := db.PingContext(ctx); err != nil {
-		if unsupportedStartup(err) {
-			return nil, poolerErr(oneLine(err.Error()))
-		}
-		return nil, fmt.Errorf("connect: %w", err)
-	}
-	if err := CheckDirect(ctx, db, opts.Schema); err != nil {
-		return nil, err
-	}
 	table := opts.VersionTable
 	if table == "" {
 		table = VersionTable

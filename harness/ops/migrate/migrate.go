@@ -71,7 +71,7 @@ func Open(ctx context.Context, dsn string, opts Options) (*Runner, error) {
 	if opts.VersionTable == "" {
 		opts.VersionTable = VersionTable
 	}
-	db, err := OpenDB(dsn, opts.Schema, opts.Role)
+	db, err := openDirect(ctx, dsn, opts.Schema, opts.Role)
 	if err != nil {
 		return nil, err
 	}
@@ -81,15 +81,6 @@ func Open(ctx context.Context, dsn string, opts Options) (*Runner, error) {
 			db.Close()
 		}
 	}()
-	if err := db.PingContext(ctx); err != nil {
-		if unsupportedStartup(err) {
-			return nil, poolerErr(oneLine(err.Error()))
-		}
-		return nil, fmt.Errorf("connect: %w", err)
-	}
-	if err := CheckDirect(ctx, db, opts.Schema); err != nil {
-		return nil, err
-	}
 	if err := checkAdopted(ctx, db, opts.Schema, opts.VersionTable); err != nil {
 		return nil, err
 	}
@@ -124,6 +115,27 @@ func Open(ctx context.Context, dsn string, opts Options) (*Runner, error) {
 	}
 	ok = true
 	return &Runner{db: db, provider: provider, schema: opts.Schema}, nil
+}
+
+// openDirect opens a pool on dsn for schema (as role, when set) and checks
+// that it reaches the server itself, not a transaction pooler.
+func openDirect(ctx context.Context, dsn, schema, role string) (*sql.DB, error) {
+	db, err := OpenDB(dsn, schema, role)
+	if err != nil {
+		return nil, err
+	}
+	if err := db.PingContext(ctx); err != nil {
+		db.Close()
+		if unsupportedStartup(err) {
+			return nil, poolerErr(oneLine(err.Error()))
+		}
+		return nil, fmt.Errorf("connect: %w", err)
+	}
+	if err := CheckDirect(ctx, db, schema); err != nil {
+		db.Close()
+		return nil, err
+	}
+	return db, nil
 }
 
 // checkOwner is CheckOwner on the runner's schema, before any change.
