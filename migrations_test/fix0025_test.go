@@ -345,9 +345,14 @@ func TestWorkerNoItemIsDeliveredTwiceUnder16Fetchers(t *testing.T) {
 				if err == pgx.ErrNoRows {
 					empty++
 					// Sessions owned by another fetcher are not this one's:
-					// end them so their items drain too.
+					// end them so their items drain too. Rows in one order,
+					// those another fetcher holds skipped: two of these
+					// statements locking rows in heap order (which updates
+					// reshuffle) deadlocked each other.
 					_, err = h.pool.Exec(h.ctx(), `UPDATE duroxide.sessions SET locked_until = 0
-						WHERE NOT EXISTS (SELECT 1 FROM duroxide.worker_queue q WHERE q.session_id = sessions.session_id AND q.lock_token IS NOT NULL)`)
+						WHERE session_id IN (SELECT s.session_id FROM duroxide.sessions s
+							WHERE NOT EXISTS (SELECT 1 FROM duroxide.worker_queue q WHERE q.session_id = s.session_id AND q.lock_token IS NOT NULL)
+							ORDER BY s.session_id FOR UPDATE SKIP LOCKED)`)
 					if !assertNoError(t, err) {
 						return
 					}
