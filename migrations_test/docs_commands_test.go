@@ -1,6 +1,6 @@
 package migrations_test
 
-// Every shell command README.md and docs/OPERATIONS.md show runs here, from
+// Every shell command README.md, docs/OPERATIONS.md and docs/RUNTIME.md show runs here, from
 // the checkout's root, as written: the documents' DSNs become a throwaway
 // database's, `bin/harness` the harness built from this checkout, and
 // nothing else changes. A block this file does not know fails the test, so
@@ -73,9 +73,11 @@ type docSpec struct {
 	// writes: files the block leaves in the scratch directory (the
 	// documents' /var/lib/node_exporter), with a line each must hold.
 	writes map[string]string
-	// whole: the block is one command line (a crontab entry), run as one
-	// script.
+	// whole: the block is one command line (a crontab entry, a line
+	// continued with a backslash), run as one script.
 	whole bool
+	// prints: a text the block's last command must print.
+	prints string
 }
 
 // docSpecs are keyed by the block's first line, as written.
@@ -100,8 +102,11 @@ var docSpecs = map[string]docSpec{
 	"bin/harness doctor --dsn \"$DSN\" --schema duroxide            # expect OK, every fixed function \"fixed\"":     {state: latest, interrupt: []string{"--watch"}},
 	"# cron, every minute; node_exporter --collector.textfile.directory=/var/lib/node_exporter": {state: latest, whole: true,
 		writes: map[string]string{"duroxide.prom": "duroxide_doctor_status"}},
-	"bin/harness doctor --dsn \"$DSN\" --schema duroxide --reset-attempts INSTANCE...          # dry run":            {state: trapped},
-	"bin/harness migrate down --dsn \"$DSN\" --schema duroxide --to 21   # back to upstream 19's schema, fixes kept": {state: latest},
+	"bin/harness doctor --dsn \"$DSN\" --schema duroxide --reset-attempts INSTANCE...          # dry run": {state: trapped},
+	// docs/RUNTIME.md
+	"make upstream": {state: fresh},
+	"echo '{\"dsn\":\"postgres://...\",\"schema\":\"trial\",\"scenarios\":[{\"name\":\"fanout\",\"count\":500}]}' \\": {state: fresh, whole: true, prints: `"status":"Completed"`},
+	"bin/harness migrate down --dsn \"$DSN\" --schema duroxide --to 21   # back to upstream 19's schema, fixes kept":  {state: latest},
 }
 
 func TestEveryDocumentedCommandRunsFromTheCheckoutRoot(t *testing.T) {
@@ -114,7 +119,7 @@ func TestEveryDocumentedCommandRunsFromTheCheckoutRoot(t *testing.T) {
 	require.NoError(t, err, "go build: %s", out)
 
 	var blocks []docBlock
-	for _, f := range []string{"README.md", "docs/OPERATIONS.md"} {
+	for _, f := range []string{"README.md", "docs/OPERATIONS.md", "docs/RUNTIME.md"} {
 		blocks = append(blocks, docBlocks(t, f)...)
 	}
 	require.NotEmpty(t, blocks)
@@ -183,6 +188,7 @@ func docLine(line, dsn, bin, scratch string) string {
 		"bin/harness ", bin+" ",
 		"postgres://user@host:5432/app", dsn,
 		"postgres://duroxide_owner@db-host:5432/app", dsn,
+		"postgres://...", dsn+"?sslmode=disable",
 		"/var/lib/node_exporter/", scratch+"/",
 		"INSTANCE...", "docs-instance-1",
 	)
@@ -215,6 +221,7 @@ func runDocBlock(t *testing.T, root, bin string, b docBlock, spec docSpec) {
 		lines = []string{strings.Join(joined, "\n")}
 	}
 	var exports []string
+	var last string
 	for i, raw := range lines {
 		line := strings.TrimSpace(raw)
 		if line == "" || strings.HasPrefix(line, "#") {
@@ -248,7 +255,9 @@ func runDocBlock(t *testing.T, root, bin string, b docBlock, spec docSpec) {
 		code, output := runDocCommand(t, root, env, script, interrupt)
 		t.Logf("%s:%d: %s -> exit %d\n%s", b.file, b.line+1+i, line, code, output)
 		require.Equal(t, want, code, "%s:%d: %s\n%s", b.file, b.line+1+i, line, output)
+		last = output
 	}
+	require.Contains(t, last, spec.prints, "%s:%d prints what the document says", b.file, b.line)
 	for name, want := range spec.writes {
 		got, err := os.ReadFile(filepath.Join(scratch, name))
 		require.NoError(t, err, "%s:%d leaves %s", b.file, b.line, name)
