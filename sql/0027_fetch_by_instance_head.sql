@@ -1,6 +1,7 @@
 -- 0027_fetch_by_instance_head.sql
 -- Fixes: fetch_orchestration_item
 -- Adds: table orchestrator_queue_heads, index idx_orch_heads_order, index idx_orch_instance_head, function orchestrator_queue_head_offer, function orchestrator_queue_head_refresh, function orchestrator_queue_heads_after_insert, function orchestrator_queue_heads_after_delete, function orchestrator_queue_heads_after_update, function orchestrator_queue_heads_after_truncate, trigger orchestrator_queue_heads_after_insert, trigger orchestrator_queue_heads_after_delete, trigger orchestrator_queue_heads_after_update, trigger orchestrator_queue_heads_after_truncate
+-- Costs: enqueue_orchestrator_work, ack_worker, ack_orchestration_item
 --
 -- Not an upstream migration: this pack's fix of the cost of
 -- fetch_orchestration_item. Records nothing in _duroxide_migrations.
@@ -35,10 +36,14 @@
 --     oldest one is visible.
 --   * Triggers on orchestrator_queue keep the heads, whoever writes the
 --     queue (the pack's functions or upstream's, should duroxide-pg's runner
---     reinstall them): a statement's inserts offer each instance's oldest
---     new message; a statement's deletes bring the heads of the instances
---     they touched up to date; a visible_at moved earlier is offered; a
---     TRUNCATE empties the heads.
+--     reinstall them): every inserted message is offered; deleting the
+--     message a head names brings that head up to date (deleting any other
+--     message cannot make a head late, so it costs one key lookup); a
+--     visible_at moved earlier is offered; a TRUNCATE empties the heads.
+--     The triggers are per row: every writer of the queue inserts one row
+--     per statement, and a row trigger skips the transition table a
+--     statement trigger builds on every call (docs/BENCH.md: the upkeep's
+--     cost, measured both ways).
 --   * A head may be early (older than the instance's oldest message, or
 --     naming an instance whose messages are gone): the fetch then finds
 --     nothing claimable behind it under its re-check, brings it up to date
@@ -63,6 +68,17 @@
 --     duroxide-pg runs its calls in READ COMMITTED, the default.
 --   * idx_orch_instance_head (instance_id, visible_at, id) finds one
 --     instance's oldest message in O(log n) whatever its backlog.
+--
+-- What it costs: the functions that queue or consume messages pay for the
+-- heads (the "-- Costs:" line). The first message queued for an instance
+-- writes its head row, and the ack that consumes the instance's last
+-- message deletes it: one head row written and one deleted per instance
+-- turn, with an advisory key and an index lookup on each side, where
+-- upstream writes only the queue. On the uncontended path (one dispatcher,
+-- one worker) that is about 0.1 ms more per enqueue_orchestrator_work,
+-- ack_worker and ack_orchestration_item call (docs/BENCH.md, the
+-- uncontended cell); what it buys is a fetch whose cost does not grow with
+-- blocked messages or completed instances.
 --
 -- The deviation from upstream's catalog is one table, one index and six
 -- functions (the two helpers and four trigger functions), plus four
@@ -221,18 +237,8 @@ RETURNS trigger
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
 AS $fn$
-DECLARE
-    r record;
 BEGIN
-    -- Each instance's oldest new message, in instance order (one lock
-    -- order for every statement).
-    FOR r IN
-        SELECT DISTINCT ON (n.instance_id) n.instance_id, n.visible_at, n.id
-        FROM new_rows n
-        ORDER BY n.instance_id, n.visible_at, n.id
-    LOOP
-        PERFORM orchestrator_queue_head_offer(r.instance_id, r.visible_at, r.id);
-    END LOOP;
+    PERFORM orchestrator_queue_head_offer(NEW.instance_id, NEW.visible_at, NEW.id);
     RETURN NULL;
 END;
 $fn$;
@@ -244,16 +250,12 @@ RETURNS trigger
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
 AS $fn$
-DECLARE
-    r record;
 BEGIN
-    FOR r IN
-        SELECT DISTINCT o.instance_id
-        FROM old_rows o
-        ORDER BY o.instance_id
-    LOOP
-        PERFORM orchestrator_queue_head_refresh(r.instance_id);
-    END LOOP;
+    PERFORM 1 FROM orchestrator_queue_heads h
+    WHERE h.instance_id = OLD.instance_id AND h.id = OLD.id;
+    IF FOUND THEN
+        PERFORM orchestrator_queue_head_refresh(OLD.instance_id);
+    END IF;
     RETURN NULL;
 END;
 $fn$;
@@ -294,13 +296,11 @@ LOCK TABLE orchestrator_queue IN SHARE ROW EXCLUSIVE MODE;
 DROP TRIGGER IF EXISTS orchestrator_queue_heads_after_insert ON orchestrator_queue;
 CREATE TRIGGER orchestrator_queue_heads_after_insert
     AFTER INSERT ON orchestrator_queue
-    REFERENCING NEW TABLE AS new_rows
-    FOR EACH STATEMENT EXECUTE FUNCTION orchestrator_queue_heads_after_insert();
+    FOR EACH ROW EXECUTE FUNCTION orchestrator_queue_heads_after_insert();
 DROP TRIGGER IF EXISTS orchestrator_queue_heads_after_delete ON orchestrator_queue;
 CREATE TRIGGER orchestrator_queue_heads_after_delete
     AFTER DELETE ON orchestrator_queue
-    REFERENCING OLD TABLE AS old_rows
-    FOR EACH STATEMENT EXECUTE FUNCTION orchestrator_queue_heads_after_delete();
+    FOR EACH ROW EXECUTE FUNCTION orchestrator_queue_heads_after_delete();
 DROP TRIGGER IF EXISTS orchestrator_queue_heads_after_update ON orchestrator_queue;
 CREATE TRIGGER orchestrator_queue_heads_after_update
     AFTER UPDATE OF visible_at, instance_id, id ON orchestrator_queue

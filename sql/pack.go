@@ -32,6 +32,12 @@ type Migration struct {
 	// (its "-- Adds:" header line: "table name", "index name", "function
 	// name", "trigger name"), nil when it adds none.
 	Adds []string
+	// Costs lists the functions a fix migration makes slower on purpose,
+	// though it does not redefine them (its "-- Costs:" header line; the
+	// header says what they pay for), nil when there are none. The
+	// benchmarks report these functions' uncontended cost against
+	// upstream's as intended rather than as missed targets.
+	Costs []string
 	// Up and Down are the file's two sections, as goose runs them.
 	Up, Down string
 	// Definitions are the function bodies the file can install, in file
@@ -85,6 +91,7 @@ var (
 	// The bookkeeping row a port's Up records for duroxide-pg's runner.
 	upstreamRowRE = regexp.MustCompile(`INSERT INTO _duroxide_migrations \(version, name\)\s+VALUES \((\d+), '([^']+)'\)`)
 	fixesRE       = regexp.MustCompile(`(?m)^-- Fixes: ([a-z_]+(?:, [a-z_]+)*)\s*$`)
+	costsRE       = regexp.MustCompile(`(?m)^-- Costs: ([a-z_]+(?:, [a-z_]+)*)\s*$`)
 	addsRE        = regexp.MustCompile(`(?m)^-- Adds: ((?:table|index|function|trigger) [a-z_]+(?:, (?:table|index|function|trigger) [a-z_]+)*)\s*$`)
 	// A function body: CREATE [OR REPLACE] FUNCTION name(...) ... AS $fn$ body $fn$.
 	definitionRE = regexp.MustCompile(`(?s)CREATE (?:OR REPLACE )?FUNCTION ([a-z_]+)\(.*?AS \$fn\$(.*?)\$fn\$`)
@@ -184,7 +191,12 @@ func parse(file, num, text string) (Migration, error) {
 	if a := addsRE.FindStringSubmatch(header); a != nil {
 		m.Adds = strings.Split(a[1], ", ")
 	}
+	if c := costsRE.FindStringSubmatch(header); c != nil {
+		m.Costs = strings.Split(c[1], ", ")
+	}
 	switch {
+	case m.IsPort() && m.Costs != nil:
+		return m, fmt.Errorf("%s: a port changes no cost of upstream's, yet it has a -- Costs: line", file)
 	case m.IsPort() && m.Fixes != nil:
 		return m, fmt.Errorf("%s: both ports upstream %d and fixes %v; one concern per migration", file, m.Upstream, m.Fixes)
 	case m.IsPort() && m.Adds != nil:
@@ -253,6 +265,18 @@ func AddedBy(v int64) []string {
 		}
 	}
 	return out
+}
+
+// IntendedCost returns the fix migration, up to goose version v, whose
+// "-- Costs:" line names function name: the function is slower than
+// upstream's on purpose, for what that fix's header says.
+func IntendedCost(name string, v int64) (Migration, bool) {
+	for _, m := range Fixes() {
+		if m.Version <= v && slices.Contains(m.Costs, name) {
+			return m, true
+		}
+	}
+	return Migration{}, false
 }
 
 // FetchFix is the pair of versions the repros and benchmarks compare: the

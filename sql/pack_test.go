@@ -143,3 +143,32 @@ func TestTheWorkerReprosCompareTheWorkerFixesWithTheVersionBeforeThem(t *testing
 		t.Errorf("WorkerFix's bug version %d already lacks the orchestration fetch fix %d", bug, fetchFix)
 	}
 }
+
+func TestEveryIntendedCostNamesAFunctionTheFixLeavesAlone(t *testing.T) {
+	names := map[string]bool{}
+	for _, m := range migrations.MustPack() {
+		for _, d := range m.Definitions {
+			names[d.Function] = true
+		}
+	}
+	for _, m := range migrations.Fixes() {
+		for _, fn := range m.Costs {
+			if !names[fn] {
+				t.Errorf("%s: its Costs line names %s, which no migration defines", m.File, fn)
+			}
+			if slices.Contains(m.Fixes, fn) {
+				t.Errorf("%s: its Costs line names %s, which it fixes (a fix's own change is said by its Fixes line)", m.File, fn)
+			}
+		}
+	}
+	heads, ok := migrations.ByVersion(27)
+	if !ok || len(heads.Costs) == 0 {
+		t.Fatal("0027 says which functions pay for its heads")
+	}
+	if m, ok := migrations.IntendedCost("ack_worker", 27); !ok || m.Version != 27 {
+		t.Errorf("IntendedCost(ack_worker, 27) = %v, %v", m.Version, ok)
+	}
+	if _, ok := migrations.IntendedCost("ack_worker", 26); ok {
+		t.Error("no fix up to 26 makes ack_worker slower")
+	}
+}

@@ -20,3 +20,18 @@ func TestASQLFileThePackCannotClassifyIsRefusedByName(t *testing.T) {
 		}
 	}
 }
+
+func TestACostsLineIsReadFromAFixAndRefusedOnAPort(t *testing.T) {
+	fix := "-- 0002_x.sql\n-- Fixes: fetch_orchestration_item\n-- Costs: ack_worker, enqueue_orchestrator_work\n-- +goose Up\n-- +goose Down\n"
+	port := "-- Costs: ack_worker\n-- +goose Up\nINSERT INTO _duroxide_migrations (version, name)\n    VALUES (1, '0001_initial_schema.sql');\n-- +goose Down\n"
+	got, err := read(fstest.MapFS{"0002_x.sql": {Data: []byte(fix)}})
+	if err != nil || len(got) != 1 {
+		t.Fatalf("a fix with a Costs line: %v, %d migrations", err, len(got))
+	}
+	if c := strings.Join(got[0].Costs, ","); c != "ack_worker,enqueue_orchestrator_work" {
+		t.Errorf("Costs = %q", c)
+	}
+	if _, err := read(fstest.MapFS{"0001_initial_schema.sql": {Data: []byte(port)}}); err == nil || !strings.Contains(err.Error(), "-- Costs:") {
+		t.Errorf("a port with a Costs line: got %v, want it refused", err)
+	}
+}

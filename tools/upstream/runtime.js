@@ -318,15 +318,24 @@ const scenarios = {
     if (ok) await client.cancelInstance(id, 'asked by the test');
     return Object.assign(outcome(await waitDone(client, id, timeoutMs)), { subscribed: ok });
   },
-  // count instances of three activities each, started at once: the load
-  // of the runtime bench.
+  // count instances of three activities each, started at once (or, with
+  // sequential, each once the one before has completed): the load of the
+  // runtime bench.
   async load(client, id, s, timeoutMs) {
     const count = s.count || 100;
     const ids = [];
     for (let i = 0; i < count; i++) ids.push(`${id}-${i}`);
     const started = Date.now();
-    await Promise.all(ids.map((x) => client.startOrchestration(x, 'Sequence', '[1,2,3]')));
-    const done = await Promise.all(ids.map((x) => waitDone(client, x, timeoutMs)));
+    let done = [];
+    if (s.sequential) {
+      for (const x of ids) {
+        await client.startOrchestration(x, 'Sequence', '[1,2,3]');
+        done.push(await waitDone(client, x, timeoutMs));
+      }
+    } else {
+      await Promise.all(ids.map((x) => client.startOrchestration(x, 'Sequence', '[1,2,3]')));
+      done = await Promise.all(ids.map((x) => waitDone(client, x, timeoutMs)));
+    }
     const wallMs = Date.now() - started;
     const completed = done.filter((d) => d.status === 'Completed' && d.output === '{"sum":14}').length;
     return { status: completed === count ? 'Completed' : 'Incomplete', count, completed, wallMs, perSecond: (completed * 1000) / Math.max(wallMs, 1) };

@@ -136,11 +136,14 @@ type Config struct {
 	// orchestration concurrency of RuntimeOrchestrationConcurrency, with the
 	// worker concurrency and the orchestration count at the same index;
 	// then one fan-out/fan-in of RuntimeFanIn activities at the last
-	// concurrency. RuntimeWait bounds one run.
+	// concurrency; first, the uncontended cell: RuntimeUncontended
+	// orchestrations at 1/1, each started once the one before has
+	// completed. RuntimeWait bounds one run.
 	RuntimeOrchestrationConcurrency []int         `json:"runtime_orchestration_concurrency"`
 	RuntimeWorkerConcurrency        []int         `json:"runtime_worker_concurrency"`
 	RuntimeOrchestrations           []int         `json:"runtime_orchestrations"`
 	RuntimeFanIn                    int           `json:"runtime_fan_in"`
+	RuntimeUncontended              int           `json:"runtime_uncontended"`
 	RuntimeWait                     time.Duration `json:"-"`
 
 	// EventBytes is the approximate size of one seeded history event.
@@ -187,6 +190,7 @@ func Defaults() Config {
 		RuntimeWorkerConcurrency:        []int{1, 8, 16},
 		RuntimeOrchestrations:           []int{100, 200, 400},
 		RuntimeFanIn:                    500,
+		RuntimeUncontended:              60,
 		RuntimeWait:                     3 * time.Minute,
 		EventBytes:                      250,
 		PollInterval:                    dispatch.DefaultPollInterval,

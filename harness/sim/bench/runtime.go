@@ -96,9 +96,11 @@ type RuntimeSample struct {
 type RuntimeCell struct {
 	OrchestrationConcurrency int `json:"orchestration_concurrency"`
 	WorkerConcurrency        int `json:"worker_concurrency"`
-	// Orchestrations of three activities started at once, or (FanIn > 0)
-	// one orchestration of FanIn activities.
+	// Orchestrations of three activities started at once (OneAtATime: each
+	// once the one before has completed), or (FanIn > 0) one orchestration
+	// of FanIn activities.
 	Orchestrations int                    `json:"orchestrations,omitempty"`
+	OneAtATime     bool                   `json:"one_at_a_time,omitempty"`
 	FanIn          int                    `json:"fan_in,omitempty"`
 	Rounds         []Round[RuntimeSample] `json:"rounds"`
 	// Medians by side, and the ratios latest/upstream, latest/previous.
@@ -114,6 +116,9 @@ type RuntimeCell struct {
 func (c *RuntimeCell) Name() string {
 	if c.FanIn > 0 {
 		return fmt.Sprintf("runtime fan-in %d (%d/%d)", c.FanIn, c.OrchestrationConcurrency, c.WorkerConcurrency)
+	}
+	if c.OneAtATime {
+		return fmt.Sprintf("runtime %d/%d x%d one at a time", c.OrchestrationConcurrency, c.WorkerConcurrency, c.Orchestrations)
 	}
 	return fmt.Sprintf("runtime %d/%d x%d", c.OrchestrationConcurrency, c.WorkerConcurrency, c.Orchestrations)
 }
@@ -152,7 +157,7 @@ const nestedTop = 12
 
 // runtimeCells are the scenario's cells from cfg.
 func runtimeCells(cfg Config) []RuntimeCell {
-	var out []RuntimeCell
+	out := []RuntimeCell{{OrchestrationConcurrency: 1, WorkerConcurrency: 1, Orchestrations: cfg.RuntimeUncontended, OneAtATime: true}}
 	for i, oc := range cfg.RuntimeOrchestrationConcurrency {
 		out = append(out, RuntimeCell{OrchestrationConcurrency: oc, WorkerConcurrency: cfg.RuntimeWorkerConcurrency[i], Orchestrations: cfg.RuntimeOrchestrations[i]})
 	}
@@ -168,6 +173,9 @@ func (c Config) validateRuntime() error {
 	if n == 0 || len(c.RuntimeWorkerConcurrency) != n || len(c.RuntimeOrchestrations) != n {
 		return fmt.Errorf("bench: the runtime scenario needs as many worker concurrencies and orchestration counts as orchestration concurrencies (%d, %d, %d)",
 			n, len(c.RuntimeWorkerConcurrency), len(c.RuntimeOrchestrations))
+	}
+	if c.RuntimeUncontended < 1 {
+		return fmt.Errorf("bench: the runtime scenario's uncontended cell needs at least one orchestration")
 	}
 	for i := range n {
 		if c.RuntimeOrchestrationConcurrency[i] < 1 || c.RuntimeWorkerConcurrency[i] < 1 || c.RuntimeOrchestrations[i] < 1 {
@@ -241,7 +249,7 @@ func runRuntime(ctx context.Context, dsn string, cfg Config, cpu *serverCPU, not
 func nestedPasses(ctx context.Context, p *upstream.Provider, conn *pgx.Conn, dsn string, rb *RuntimeBench, cfg Config, note func(round int, label string)) ([]NestedPass, error) {
 	var cell *RuntimeCell
 	for i := range rb.Cells {
-		if rb.Cells[i].FanIn == 0 && (cell == nil || rb.Cells[i].Orchestrations > cell.Orchestrations) {
+		if rb.Cells[i].FanIn == 0 && !rb.Cells[i].OneAtATime && (cell == nil || rb.Cells[i].Orchestrations > cell.Orchestrations) {
 			cell = &rb.Cells[i]
 		}
 	}
@@ -323,7 +331,7 @@ func runtimeRun(ctx context.Context, p *upstream.Provider, conn *pgx.Conn, dsn, 
 			return RuntimeSample{}, err
 		}
 	}
-	scenario := upstream.Scenario{Name: "load", Key: "load", Count: c.Orchestrations}
+	scenario := upstream.Scenario{Name: "load", Key: "load", Count: c.Orchestrations, Sequential: c.OneAtATime}
 	if c.FanIn > 0 {
 		scenario = upstream.Scenario{Name: "fanout", Key: "load", Count: c.FanIn}
 	}
@@ -440,7 +448,7 @@ func runtimeTargets(rb *RuntimeBench) []Target {
 	var out []Target
 	find := func(oc int) *RuntimeCell {
 		for i := range rb.Cells {
-			if rb.Cells[i].FanIn == 0 && rb.Cells[i].OrchestrationConcurrency == oc {
+			if rb.Cells[i].FanIn == 0 && !rb.Cells[i].OneAtATime && rb.Cells[i].OrchestrationConcurrency == oc {
 				return &rb.Cells[i]
 			}
 		}
@@ -451,6 +459,9 @@ func runtimeTargets(rb *RuntimeBench) []Target {
 		if c != nil {
 			if r := Ratio(fig[num], fig[den]); r != nil {
 				t.Measured, t.Met, t.Got = true, ok(*r), fmt.Sprintf("%.2fx", *r)
+			}
+			if t.Measured && !t.Met {
+				t.Reason = c.missReason(num, den, rb.Rounds())
 			}
 		}
 		out = append(out, t)
@@ -463,12 +474,126 @@ func runtimeTargets(rb *RuntimeBench) []Target {
 		ratio("runtime 1/1: orchestrations/s, latest against upstream", ">= 1.00x", c, c.PerSecond, RuntimeLatest, RuntimeUpstream, func(r float64) bool { return r >= 1.0 })
 	}
 	for i := range rb.Cells {
+		if rb.Cells[i].OneAtATime {
+			out = append(out, uncontendedTargets(&rb.Cells[i], rb.LatestVersion)...)
+		}
+	}
+	for i := range rb.Cells {
 		c := &rb.Cells[i]
 		if c.FanIn > 0 {
 			continue
 		}
 		ratio(fmt.Sprintf("%s: orchestrations/s, latest (%04d) against previous (%04d)", c.Name(), rb.LatestVersion, rb.PreviousVersion), ">= 1.00x",
 			c, c.PerSecond, RuntimeLatest, RuntimePrevious, func(r float64) bool { return r >= 1.0 })
+	}
+	return out
+}
+
+// Rounds is how many rounds each cell ran per side (the most any side
+// ran).
+func (rb *RuntimeBench) Rounds() int {
+	n := 0
+	for i := range rb.Cells {
+		by := map[string]int{}
+		for _, r := range rb.Cells[i].Rounds {
+			by[r.Side]++
+			n = max(n, by[r.Side])
+		}
+	}
+	return n
+}
+
+// missReason says, from the cell's own figures, where a ratio of num to
+// den went: how busy the server was over each side's runs (a server far
+// from using its cores is not what bounds the throughput), and the
+// functions whose total time per run grew or shrank the most.
+func (c *RuntimeCell) missReason(num, den string, rounds int) string {
+	busy := func(side string) string {
+		var cpu, wall float64
+		for _, r := range c.Rounds {
+			if r.Side == side && r.Sample.ServerCPUS != nil && r.Sample.WallMs > 0 {
+				cpu, wall = cpu+*r.Sample.ServerCPUS, wall+r.Sample.WallMs/1000
+			}
+		}
+		if wall == 0 {
+			return "n/a"
+		}
+		return fmt.Sprintf("%.2f", cpu/wall)
+	}
+	parts := []string{fmt.Sprintf("server CPU-seconds per second of run: %s at %s, %s at %s", busy(num), num, busy(den), den)}
+	type delta struct {
+		name string
+		ms   float64
+	}
+	var ds []delta
+	per := float64(max(rounds, 1))
+	for n := range c.Functions[num] {
+		ds = append(ds, delta{n, (c.Functions[num][n].TotalMs - c.Functions[den][n].TotalMs) / per})
+	}
+	for n := range c.Functions[den] {
+		if _, ok := c.Functions[num][n]; !ok {
+			ds = append(ds, delta{n, -c.Functions[den][n].TotalMs / per})
+		}
+	}
+	sort.Slice(ds, func(i, j int) bool { return ds[i].ms > ds[j].ms })
+	var more, less []string
+	for _, d := range ds {
+		if d.ms >= 1 && len(more) < 3 {
+			more = append(more, fmt.Sprintf("%s +%.0f", d.name, d.ms))
+		}
+	}
+	for i := len(ds) - 1; i >= 0 && len(less) < 2; i-- {
+		if ds[i].ms <= -1 {
+			less = append(less, fmt.Sprintf("%s %.0f", ds[i].name, ds[i].ms))
+		}
+	}
+	if len(more) > 0 {
+		parts = append(parts, fmt.Sprintf("ms/run %s against %s: %s", num, den, strings.Join(more, ", ")))
+	}
+	if len(less) > 0 {
+		parts = append(parts, strings.Join(less, ", "))
+	}
+	return strings.Join(parts, "; ")
+}
+
+// uncontendedMinCalls is how many calls per run a function needs, on
+// both sides, for its mean to be judged.
+const uncontendedMinCalls = 10
+
+// uncontendedTargets are the uncontended cell's per-function targets:
+// every function's mean within 1.10x of upstream's, except where a fix up
+// to latest says it changes the function (its "-- Fixes:" line) or makes
+// it slower on purpose (its "-- Costs:" line): such a miss is reported
+// with that fix as its reason.
+func uncontendedTargets(c *RuntimeCell, latest int64) []Target {
+	rounds := map[string]int64{}
+	for _, r := range c.Rounds {
+		rounds[r.Side]++
+	}
+	var names []string
+	for n, l := range c.Functions[RuntimeLatest] {
+		u := c.Functions[RuntimeUpstream][n]
+		if u.Calls >= uncontendedMinCalls*rounds[RuntimeUpstream] && l.Calls >= uncontendedMinCalls*rounds[RuntimeLatest] {
+			names = append(names, n)
+		}
+	}
+	sort.Strings(names)
+	var out []Target
+	for _, n := range names {
+		u, l := c.Functions[RuntimeUpstream][n].MeanMs(), c.Functions[RuntimeLatest][n].MeanMs()
+		t := Target{Name: fmt.Sprintf("%s: %s mean per call, latest against upstream", c.Name(), n), Want: "<= 1.10x"}
+		if u > 0 {
+			r := l / u
+			t.Measured, t.Met, t.Got = true, r <= 1.10, fmt.Sprintf("%.2fx (%.3f against %.3f ms)", r, l, u)
+		}
+		if t.Measured && !t.Met {
+			if m, ok := migrations.FixOf(n); ok && m.Version <= latest {
+				t.Reason = fmt.Sprintf("intended: %s redefines it", m.File)
+			} else if m, ok := migrations.IntendedCost(n, latest); ok {
+				t.Reason = fmt.Sprintf("intended: %s says it pays for that fix (its -- Costs: line)", m.File)
+			}
+		}
+		out = append(out, t)
 	}
 	return out
 }

@@ -20,12 +20,14 @@ func TestRuntimeSmokeRun(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	cfg := Config{Rounds: 1, Duration: 100 * time.Millisecond, Scenarios: []string{Runtime},
-		RuntimeOrchestrationConcurrency: []int{2}, RuntimeWorkerConcurrency: []int{2}, RuntimeOrchestrations: []int{10}, RuntimeFanIn: 20}
+		RuntimeOrchestrationConcurrency: []int{2}, RuntimeWorkerConcurrency: []int{2}, RuntimeOrchestrations: []int{10}, RuntimeFanIn: 20, RuntimeUncontended: 3}
 	res, err := Run(ctx, s, cfg, nil)
 	require.NoError(t, err)
 	rb := res.Runtime
 	require.NotNil(t, rb)
-	require.Len(t, rb.Cells, 2, "one load cell and the fan-in")
+	require.Len(t, rb.Cells, 3, "the uncontended cell, one load cell and the fan-in")
+	require.True(t, rb.Cells[0].OneAtATime)
+	require.Equal(t, "runtime 1/1 x3 one at a time", rb.Cells[0].Name())
 	prev, latest := RuntimeVersions()
 	require.Equal(t, []int64{prev, latest}, []int64{rb.PreviousVersion, rb.LatestVersion})
 	require.Less(t, prev, latest)
@@ -45,7 +47,10 @@ func TestRuntimeSmokeRun(t *testing.T) {
 		}
 	}
 	require.Contains(t, rb.Statements, "pg_stat_statements", "the test server loads it")
-	load := rb.Cells[0]
+	for _, side := range RuntimeSides() {
+		require.Equal(t, int64(3), rb.Cells[0].Functions[side]["enqueue_orchestrator_work"].Calls, "%s: the uncontended cell started its three", side)
+	}
+	load := rb.Cells[1]
 	for _, side := range RuntimeSides() {
 		f := load.Functions[side]["fetch_orchestration_item"]
 		require.Positive(t, f.Calls, side)
@@ -79,6 +84,7 @@ func TestRuntimeTargetsReportEachRatio(t *testing.T) {
 	got := map[string]bool{}
 	for _, tg := range runtimeTargets(rb) {
 		require.True(t, tg.Measured, tg.Name)
+		require.NotContains(t, tg.Name, "one at a time", "no uncontended cell, no per-function target")
 		got[tg.Name] = tg.Met
 	}
 	require.Equal(t, map[string]bool{
@@ -88,4 +94,47 @@ func TestRuntimeTargetsReportEachRatio(t *testing.T) {
 		"runtime 1/1 x10: orchestrations/s, latest (0027) against previous (0026)":   false, // 0.92x
 		"runtime 16/16 x10: orchestrations/s, latest (0027) against previous (0026)": true,
 	}, got)
+}
+
+func TestUncontendedTargetsJudgeEveryFunctionAndNameTheFixThatIntendsAMiss(t *testing.T) {
+	fns := func(means map[string]float64, calls int64) map[string]FunctionStat {
+		out := map[string]FunctionStat{}
+		for n, m := range means {
+			out[n] = FunctionStat{Calls: calls, TotalMs: m * float64(calls)}
+		}
+		return out
+	}
+	c := &RuntimeCell{OrchestrationConcurrency: 1, WorkerConcurrency: 1, Orchestrations: 60, OneAtATime: true,
+		Rounds: []Round[RuntimeSample]{{Side: RuntimeUpstream}, {Side: RuntimeLatest}},
+		Functions: map[string]map[string]FunctionStat{
+			RuntimeUpstream: fns(map[string]float64{"fetch_history": 0.10, "ack_worker": 0.20, "get_custom_status": 0.10, "fetch_orchestration_item": 0.5}, 100),
+			RuntimeLatest:   fns(map[string]float64{"fetch_history": 0.105, "ack_worker": 0.40, "get_custom_status": 0.13, "fetch_orchestration_item": 0.7}, 100),
+		}}
+	c.Functions[RuntimeUpstream]["get_queue_depths"] = FunctionStat{Calls: 1, TotalMs: 1}
+	c.Functions[RuntimeLatest]["get_queue_depths"] = FunctionStat{Calls: 1, TotalMs: 5}
+	got := map[string]Target{}
+	for _, tg := range uncontendedTargets(c, 27) {
+		got[strings.TrimPrefix(strings.TrimSuffix(tg.Name, " mean per call, latest against upstream"), "runtime 1/1 x60 one at a time: ")] = tg
+	}
+	require.Len(t, got, 4, "a function of one call a run is not judged")
+	require.True(t, got["fetch_history"].Met, "1.05x")
+	require.False(t, got["get_custom_status"].Met, "1.30x")
+	require.Empty(t, got["get_custom_status"].Reason, "no fix intends it")
+	require.False(t, got["ack_worker"].Met)
+	require.Contains(t, got["ack_worker"].Reason, "0027_fetch_by_instance_head.sql", "0027's Costs line names it")
+	require.Contains(t, got["fetch_orchestration_item"].Reason, "0020_fetch_lease_valid_at_return.sql redefines it")
+	require.Equal(t, "2.00x (0.400 against 0.200 ms)", got["ack_worker"].Got)
+}
+
+func TestARuntimeMissSaysWhereTheTimeWent(t *testing.T) {
+	sample := func(cpuS, wallMs float64) RuntimeSample { return RuntimeSample{ServerCPUS: fp(cpuS), WallMs: wallMs} }
+	c := &RuntimeCell{OrchestrationConcurrency: 16, WorkerConcurrency: 16, Orchestrations: 400,
+		Rounds: []Round[RuntimeSample]{{Side: RuntimeUpstream, Sample: sample(8, 10000)}, {Side: RuntimeLatest, Sample: sample(3, 6000)}},
+		Functions: map[string]map[string]FunctionStat{
+			RuntimeUpstream: {"fetch_orchestration_item": {Calls: 900, TotalMs: 9000}, "ack_worker": {Calls: 1200, TotalMs: 200}},
+			RuntimeLatest:   {"fetch_orchestration_item": {Calls: 900, TotalMs: 1000}, "ack_worker": {Calls: 1200, TotalMs: 500}, "fetch_work_item": {Calls: 10, TotalMs: 50}},
+		}}
+	got := c.missReason(RuntimeLatest, RuntimeUpstream, 1)
+	require.Equal(t, "server CPU-seconds per second of run: 0.50 at latest, 0.80 at upstream; "+
+		"ms/run latest against upstream: ack_worker +300, fetch_work_item +50; fetch_orchestration_item -8000", got)
 }

@@ -45,6 +45,9 @@ type Scenario struct {
 	Tag        string `json:"tag,omitempty"`
 	InstanceID string `json:"instanceId,omitempty"`
 	TimeoutMs  int64  `json:"timeoutMs,omitempty"`
+	// Sequential starts the load's instances one after another, each once
+	// the one before has completed (scenario load only).
+	Sequential bool `json:"sequential,omitempty"`
 }
 
 // Run is one run of the driver: one runtime process on one schema.
