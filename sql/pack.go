@@ -298,7 +298,8 @@ func FetchFix() (bug, fix int64) {
 // WorkerFix is the pair of versions the worker repros and benchmark
 // compare: the pack version just before the first of its fixes of the
 // worker queue (fetch_work_item, renew_work_item_lock, renew_session_lock),
-// and the last of them, so that the fixed side has every one.
+// and the last of them (a later fix of the same function included), so
+// that the fixed side has every one.
 func WorkerFix() (bug, fix int64) {
 	var first int64
 	for _, fn := range []string{"fetch_work_item", "renew_work_item_lock", "renew_session_lock"} {
@@ -306,7 +307,11 @@ func WorkerFix() (bug, fix int64) {
 		if !ok {
 			panic("the pack has no fix of " + fn)
 		}
-		fix = max(fix, m.Version)
+		for _, f := range Fixes() {
+			if slices.Contains(f.Fixes, fn) {
+				fix = max(fix, f.Version)
+			}
+		}
 		if first == 0 || m.Version < first {
 			first = m.Version
 		}

@@ -93,12 +93,14 @@ func TestSixteenWorkersAtTheFixCompleteEveryItemExactlyOnce(t *testing.T) {
 	require.Zero(t, s.RefusedAcks)
 	require.Zero(t, s.DeadAtReturn)
 	// That the fetch never waits on a session row is proved without
-	// sampling by migrations_test (TestWorkerFetchNeverWaitsOnASessionRow);
-	// here the 5 ms sampler only reports what it saw (once, on PostgreSQL
-	// 16 in CI, one fetch seen waiting 5 ms: not explained yet).
-	if s.BlockedFetches > 0 {
-		t.Logf("sampled: %d fetch(es) seen waiting on a row lock, longest %d ms", s.BlockedFetches, s.MaxBlockedMs)
-	}
+	// sampling by migrations_test (TestWorkerFetchNeverWaitsOnASessionRow).
+	// Nor on an item row: 0025's candidate SELECT ... FOR UPDATE SKIP LOCKED
+	// waited 4-64 ms on another fetch in 7 of 200 runs on PostgreSQL 15 and
+	// 10 of 200 on 16 (scripts/worker-lock-waits.sh, log_lock_waits,
+	// 2026-12-02), PostgreSQL following the row's update chain without SKIP
+	// LOCKED; 0028 claims the item before it locks the row, and the same
+	// runs showed no wait. The 5 ms sampler catches such a wait.
+	require.Zero(t, s.BlockedFetches, "a fetch was seen waiting on a row lock (longest %d ms): scripts/worker-lock-waits.sh shows on what", s.MaxBlockedMs)
 	require.Zero(t, s.OtherErrors, s.FirstError)
 	require.Equal(t, s.Fetches, s.Completed, "one lease per item")
 	require.Positive(t, s.SessionFetches)
