@@ -25,12 +25,15 @@ ifneq ($(strip $(MATRIX_MAJORS)),)
 	OUT='$(OUT)' MATRIX_TESTS=quick scripts/pg-matrix.sh $(MATRIX_MAJORS)
 endif
 
-repro: upstream ## show the bugs and the fixes on a throwaway PostgreSQL: orchestration fetch 0019 vs 0020, worker queue 0024 vs 0026, the real runtime on upstream's schema vs the pack's
+repro: upstream ## show the bugs and the fixes on a throwaway PostgreSQL: orchestration fetch 0019 vs 0020, worker queue 0024 vs 0028, the real runtime on upstream's schema vs the pack's
 	@mkdir -p $(OUT)
 	$(HARNESS) repro all --report $(OUT) --json $(OUT)/repro.json
 
-bench: ## speed side by side in one run: 0019 vs 0020 (worker: 0024 vs 0026; scale: 0019 vs the latest), about 5 min; writes docs/bench/
+bench: ## speed side by side in one run: 0019 vs 0020 (worker: 0024 vs 0028; scale: 0019 vs the latest), about 5 min; writes docs/bench/
 	$(HARNESS) bench --report docs/bench
+
+worker-waits: ## run the 16-fetcher worker test RUNS times (default 200) on a server logging every lock wait over 1 ms; fails on any fetch_work_item wait
+	scripts/worker-lock-waits.sh $(or $(RUNS),200)
 
 fuzz: ## fuzz the fault scenarios against the invariants: make fuzz [FUZZTIME=10m]
 	$(GO) test -run '^$$' -fuzz '^FuzzInvariants$$' -fuzztime $(FUZZTIME) -parallel 2 -timeout 0 ./harness/sim/faults

@@ -100,7 +100,7 @@ func TestSixteenWorkersAtTheFixCompleteEveryItemExactlyOnce(t *testing.T) {
 	// 2026-12-02), PostgreSQL following the row's update chain without SKIP
 	// LOCKED; 0028 claims the item before it locks the row, and the same
 	// runs showed no wait. The 5 ms sampler catches such a wait.
-	require.Zero(t, s.BlockedFetches, "a fetch was seen waiting on a row lock (longest %d ms): scripts/worker-lock-waits.sh shows on what", s.MaxBlockedMs)
+	require.Zero(t, s.BlockedFetches, "sampled: %d fetch(es) seen waiting on a row lock, longest %d ms (scripts/worker-lock-waits.sh shows on what)", s.BlockedFetches, s.MaxBlockedMs)
 	require.Zero(t, s.OtherErrors, s.FirstError)
 	require.Equal(t, s.Fetches, s.Completed, "one lease per item")
 	require.Positive(t, s.SessionFetches)
