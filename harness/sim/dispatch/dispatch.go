@@ -661,17 +661,66 @@ func (d *dispatcher) ackWithRetries(ctx context.Context, it *fetched, kind Kind,
 }
 
 func (d *dispatcher) ackOnce(ctx context.Context, it *fetched, kind Kind, a orch.Ack, enqueued []string, detail string) error {
+	var probe ackProbe
 	t, err := d.call(ctx, kind, func(conn *pgx.Conn, now int64) error {
-		return d.client.AckItem(ctx, conn, it.LockToken, now, a)
+		q := probedAck{conn: conn, schema: d.cfg.Schema, token: it.LockToken, probe: &probe}
+		return d.client.AckItem(ctx, q, it.LockToken, now, a)
 	})
 	ev := Event{Dispatcher: d.id, Kind: kind, Instance: it.InstanceID, Token: it.LockToken,
 		CallerBeforeMs: t.before, CallerAfterMs: t.after, LatencyUs: t.latencyUs, AttemptCount: it.AttemptCount,
-		Messages: it.ids, Detail: detail, Outcome: outcome(err)}
+		Messages: it.ids, Detail: detail, Outcome: outcome(err),
+		AckDBStartMs: probe.dbStartMs, AckLockedUntilMs: probe.lockedUntilMs}
 	if err == nil {
 		ev.Enqueued = enqueued
 	}
 	d.log.Add(ev)
 	return err
+}
+
+// ackProbe is what the statement just before an ack read: the database
+// clock and the token's locked_until (Event.AckDBStartMs,
+// Event.AckLockedUntilMs).
+type ackProbe struct{ dbStartMs, lockedUntilMs int64 }
+
+// probedAck is the orch.Querier an ack runs through: its Exec sends, in one
+// batch (one round trip, one implicit transaction), a read of the database
+// clock and of the token's lease, then the ack's own statement unchanged.
+// The read takes no lock and the ack reads no database clock, so the ack
+// behaves as when sent alone; the clock the read returns comes before the
+// ack's statement starts, so it is a lower bound of the clock at which the
+// ack checked its lease. Through the simple protocol (PgBouncer) the batch
+// is one multi-statement query, with the same effect.
+type probedAck struct {
+	conn   *pgx.Conn
+	schema string
+	token  string
+	probe  *ackProbe
+}
+
+func (q probedAck) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	b := &pgx.Batch{}
+	b.Queue("SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint, "+
+		"coalesce((SELECT locked_until FROM "+pgx.Identifier{q.schema, "instance_locks"}.Sanitize()+
+		" WHERE lock_token = $1), 0)", q.token)
+	b.Queue(sql, args...)
+	br := q.conn.SendBatch(ctx, b)
+	var p ackProbe
+	if err := br.QueryRow().Scan(&p.dbStartMs, &p.lockedUntilMs); err != nil {
+		// A server error here aborted the batch's transaction before the
+		// ack ran; a lost connection leaves its result unknown (Unknown).
+		_ = br.Close()
+		return pgconn.CommandTag{}, err
+	}
+	*q.probe = p
+	tag, err := br.Exec()
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	return tag, err
+}
+
+func (q probedAck) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	return q.conn.QueryRow(ctx, sql, args...)
 }
 
 func (d *dispatcher) abandon(ctx context.Context, it *fetched, delay time.Duration) {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"os"
 	"runtime"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -124,8 +125,68 @@ func TestSummarizeTellsDeadAtReturnFromExpiredInDelivery(t *testing.T) {
 	require.Equal(t, 1, s.ExpiredInShortDelivery, "short: its delivery was shorter than the lock timeout")
 	require.Equal(t, int64(150), s.DeliveryMaxMs)
 	require.Equal(t, 2, s.InvalidLockAcks)
-	require.Equal(t, 1, s.LiveLeaseInvalidAcks, "only fine's lease was alive on arrival")
-	require.InDelta(t, 20.0, s.LiveLeaseInvalidAckPct, 0.01)
+	require.Equal(t, 2, s.RefusedWhileValidAcks, "acks without a clock read are not shown to be late")
+}
+
+func TestSummarizeJudgesRefusedAcksByTheAcksClock(t *testing.T) {
+	// Every lease: the function returned at db clock 1000 with a lease
+	// until 1100; the row's delivery took delivery ms (lease read at 1000
+	// + delivery).
+	fetch := func(token string, delivery int64) dispatch.Event {
+		return dispatch.Event{Kind: dispatch.KindFetch, Token: token, Outcome: dispatch.OutcomeOK,
+			CallerBeforeMs: 990, CallerAfterMs: 1000 + delivery, DBReturnMs: 1000, DBAtReturnMs: 1000 + delivery,
+			DeliveryMs: delivery, LockedUntilMs: 1100, RemainingMs: 100 - delivery, LeaseAgeMs: delivery}
+	}
+	// ack builds a refused ack: p_now_ms now, the database clock dbStart
+	// and the token's locked_until lockedUntil (0: gone) read just before.
+	ack := func(token string, now, dbStart, lockedUntil int64) dispatch.Event {
+		return dispatch.Event{Kind: dispatch.KindAck, Token: token, Outcome: dispatch.OutcomeInvalidLockToken,
+			CallerBeforeMs: now, AckDBStartMs: dbStart, AckLockedUntilMs: lockedUntil}
+	}
+	ev := []dispatch.Event{
+		fetch("valid", 10), fetch("taken", 10), fetch("processing", 10), fetch("delivery", 150),
+		fetch("callerclock", 10), fetch("edge", 10), fetch("gone-late", 10),
+		{Kind: dispatch.KindFetch, Token: "lost", Outcome: dispatch.OutcomeOK, DBReturnMs: 1000, LeaseLost: true},
+		ack("valid", 1050, 1050, 1100),       // the row was there and valid: refused while valid
+		ack("taken", 1050, 1050, 0),          // taken over (gone) before its end at 1100: refused while valid
+		ack("processing", 1120, 1130, 1100),  // ran out while the turn ran: 30 ms late
+		ack("delivery", 1160, 1160, 1100),    // ran out in a 150 ms delivery: 60 ms late
+		ack("callerclock", 1105, 1095, 1100), // by its own p_now_ms (ahead of the db): 5 ms late
+		ack("edge", 1100, 1100, 1100),        // locked_until > now is the ack's rule: at 1100 it has run out
+		ack("gone-late", 1200, 1200, 0),      // gone before the ack, after its end at 1100: 100 ms late
+		ack("lost", 1200, 1200, 0),           // taken over before its fetch read it: dead at return
+		{Kind: dispatch.KindFailAck, Token: "processing", Outcome: dispatch.OutcomeInvalidLockToken, AckDBStartMs: 1000},
+	}
+	s := dispatch.Summarize(ev, time.Second, 10)
+	require.Equal(t, 8, s.InvalidLockAcks, "first acks only")
+	require.Equal(t, 2, s.RefusedWhileValidAcks, "valid and taken")
+	require.Equal(t, 6, s.RefusedLateAcks)
+	require.Equal(t, 1, s.LateAtReturn, "lost")
+	require.Equal(t, 1, s.LateInDelivery, "delivery")
+	require.Equal(t, 4, s.LateInProcessing, "processing, callerclock, edge, gone-late")
+	require.Equal(t, 5, s.LatenessSamples, "lost has no known end")
+	require.Equal(t, int64(0), s.LatenessMinMs)
+	require.Equal(t, int64(30), s.LatenessP50Ms) // 0, 5, 30, 60, 100
+	require.Equal(t, int64(100), s.LatenessMaxMs)
+	// Processing (db clock from the lease read at 1010 to the ack's read):
+	// 120, 85, 90, 190.
+	require.Equal(t, int64(90), s.LateProcessingP50Ms)
+	require.Equal(t, int64(190), s.LateProcessingMaxMs)
+
+	r := ev[9].RefusedAck(&ev[1]) // taken, with its fetch
+	require.Equal(t, dispatch.Refusal{Cause: dispatch.RefusedWhileValid, ClockMs: 1050, LockedUntilMs: 1100}, r)
+	r = ev[10].RefusedAck(&ev[2])
+	require.Equal(t, dispatch.Refusal{Cause: dispatch.RefusedLateInProcessing, ClockMs: 1130, LockedUntilMs: 1100,
+		LatenessMs: 30, ProcessingMs: 120}, r)
+	require.Equal(t, dispatch.RefusedLate, ev[10].RefusedAck(nil).Cause, "no fetch known: late, where unknown")
+	require.Equal(t, dispatch.RefusedWhileValid, ev[9].RefusedAck(nil).Cause, "gone, its end unknown: not shown late")
+
+	b, err := json.Marshal(s)
+	require.NoError(t, err)
+	for _, k := range []string{`"refused_acks_valid_when_run"`, `"refused_acks_late"`, `"refused_acks_late_lateness_p50_ms"`,
+		`"refused_acks_late_expired_in_processing"`} {
+		require.Contains(t, string(b), k)
+	}
 }
 
 func TestConservationFindsLostAndDoubledMessages(t *testing.T) {
@@ -204,10 +265,18 @@ func TestNormalTurnsKeepInstancesHotAndConserveMessages(t *testing.T) {
 	require.Zero(t, s.OtherErrors, s.FirstError)
 	require.Equal(t, 1, s.MaxAttemptCount)
 	require.Greater(t, s.RemainingP1Ms, int64(4000))
+	leases := map[string]int64{}
 	for _, e := range ev {
 		if e.HasRow() {
 			require.Equal(t, int64(5000)-e.RemainingMs, e.LeaseAgeMs)
 			require.LessOrEqual(t, e.LeaseAgeMs, e.CallerAfterMs-e.CallerBeforeMs+1, "at 20 the lease starts at the end of the call")
+			leases[e.Token] = e.LockedUntilMs
+		}
+		if e.Kind == dispatch.KindAck {
+			// The ack's round trip read the clock and its lease first.
+			require.Equal(t, leases[e.Token], e.AckLockedUntilMs, "%+v", e)
+			require.Greater(t, e.AckDBStartMs, int64(0))
+			require.Less(t, e.AckDBStartMs, e.AckLockedUntilMs)
 		}
 	}
 
@@ -294,12 +363,32 @@ func TestPoisonAckFailsTheOrchestrationLikeTheRuntime(t *testing.T) {
 }
 
 func TestAnExpiredLeaseIsFailedOnceAndNeverAbandoned(t *testing.T) {
+	// Both protocols: the ack's clock read shares its round trip either way.
+	for _, mode := range []string{"", "simple_protocol"} {
+		t.Run("exec mode "+mode, func(t *testing.T) { expiredLeaseIsFailedOnce(t, mode) })
+	}
+}
+
+func expiredLeaseIsFailedOnce(t *testing.T, execMode string) {
 	// A 100 ms lease and a 300 ms turn: the lease is gone at ack time (the
 	// renewal would come after 1 s, and would extend by 0 s anyway).
 	dsn, schema := newDB(t, 20)
 	cfg := dispatch.Config{
 		Run:         simconfig.Run{Schema: schema, LockTimeout: 100 * time.Millisecond, Duration: 1500 * time.Millisecond},
 		Dispatchers: 1, Instances: 1, HistoryEvents: 10, TurnTime: 300 * time.Millisecond}
+	if execMode != "" {
+		switch {
+		case strings.Contains(dsn, "://") && strings.Contains(dsn, "?"):
+			cfg.ConnectDSN = dsn + "&default_query_exec_mode=" + execMode
+		case strings.Contains(dsn, "://"):
+			cfg.ConnectDSN = dsn + "?default_query_exec_mode=" + execMode
+		default:
+			cfg.ConnectDSN = dsn + " default_query_exec_mode=" + execMode
+		}
+		pc, err := pgx.ParseConfig(cfg.ConnectDSN)
+		require.NoError(t, err)
+		require.Equal(t, pgx.QueryExecModeSimpleProtocol, pc.DefaultQueryExecMode)
+	}
 	info, err := dispatch.Seed(context.Background(), dsn, cfg)
 	require.NoError(t, err)
 	log, err := dispatch.Run(context.Background(), dsn, cfg)
@@ -322,6 +411,14 @@ func TestAnExpiredLeaseIsFailedOnceAndNeverAbandoned(t *testing.T) {
 	require.Zero(t, s.Abandons)
 	require.Zero(t, s.Renewals)
 	require.Equal(t, s.Fetches, s.MaxAttemptCount, "every fetch re-claims the same message")
+	// Every refusal came after the lease ran out, in the 300 ms turn: about
+	// 200 ms late.
+	require.Zero(t, s.RefusedWhileValidAcks)
+	require.Equal(t, s.InvalidLockAcks, s.RefusedLateAcks)
+	require.Equal(t, s.InvalidLockAcks, s.LateInProcessing)
+	require.Equal(t, s.InvalidLockAcks, s.LatenessSamples)
+	require.GreaterOrEqual(t, s.LatenessMinMs, int64(150))
+	require.GreaterOrEqual(t, s.LateProcessingP50Ms, int64(250))
 
 	pending, err := dispatch.PendingMessages(context.Background(), dsn, schema)
 	require.NoError(t, err)

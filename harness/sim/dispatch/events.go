@@ -96,6 +96,16 @@ type Event struct {
 	// end of the call (version 20) only as old as the row's delivery.
 	LeaseAgeMs int64 `json:"lease_age_ms"`
 	LeaseLost  bool  `json:"lease_lost,omitempty"`
+	// For an ack (kinds ack, poison, fail_ack), read in the ack's own round
+	// trip, in the statement just before the ack's (same connection, same
+	// batch): AckDBStartMs is the database clock_timestamp() then, a lower
+	// bound of the database clock when the ack checked its lease (its
+	// first step); AckLockedUntilMs is the token's locked_until then
+	// (renewals included), 0 when the token held no lease any more (taken
+	// over or released before the ack ran). Both 0 when not read (the
+	// call failed before its result, or an event built by hand).
+	AckDBStartMs     int64 `json:"ack_db_start_ms,omitempty"`
+	AckLockedUntilMs int64 `json:"ack_locked_until_ms,omitempty"`
 	// AttemptCount is the fetched batch's attempt_count (fetch, and the acks
 	// of that batch).
 	AttemptCount int32 `json:"attempt_count,omitempty"`
@@ -133,6 +143,90 @@ func (e Event) DeadAtReturn() bool {
 // expired, by the caller's clock, when the row reached the caller: the
 // row's delivery (a large history) outlasted the lease.
 func (e Event) ExpiredInDelivery() bool { return e.DeadOnArrival() && !e.DeadAtReturn() }
+
+// Causes of an ack refused with 'Invalid lock token' (Event.RefusedAck).
+const (
+	// RefusedWhileValid: the lease was still valid at the ack's clock, or
+	// cannot be shown to have run out by then. A defect of the schema.
+	RefusedWhileValid = "valid_when_run"
+	// The lease had run out by the ack's clock: before the fetch returned
+	// (or it was taken over before the fetch could read it), during the
+	// row's delivery, or while the caller processed the turn and sent the
+	// ack; RefusedLate when the fetch is not known.
+	RefusedLateAtReturn     = "late_expired_at_return"
+	RefusedLateInDelivery   = "late_expired_in_delivery"
+	RefusedLateInProcessing = "late_expired_in_processing"
+	RefusedLate             = "late"
+)
+
+// Refusal is the cause of a refused ack and the times it was judged by.
+type Refusal struct {
+	Cause string
+	// ClockMs is the ack's clock: the later of the p_now_ms it passed and
+	// AckDBStartMs (0 when no clock was read).
+	ClockMs int64
+	// LockedUntilMs is the lease's end: AckLockedUntilMs, or, when the
+	// token held no lease any more as the ack ran, the locked_until its
+	// fetch read (0: unknown).
+	LockedUntilMs int64
+	// LatenessMs is ClockMs - LockedUntilMs, for a late ack whose lease's
+	// end is known.
+	LatenessMs int64
+	// ProcessingMs is, for RefusedLateInProcessing, the database clock from
+	// the lease read after the row arrived to AckDBStartMs: the turn and
+	// the ack's way to the database.
+	ProcessingMs int64
+}
+
+// RefusedAck says why the ack e, refused with 'Invalid lock token', was
+// refused, given the fetch of its lease (nil when not known). The ack
+// (ack_orchestration_item, every version) refuses unless its token's
+// instance_locks row exists with locked_until > p_now_ms; a fetch takes a
+// lease over only once locked_until is at or before its own clock, the
+// later of its caller's (carried forward) and the database's (0020 and
+// later). So the lease is judged at the later of the ack's p_now_ms and
+// the database clock when the ack ran, of which AckDBStartMs, read in
+// the statement before the ack's in the same round trip, is a lower
+// bound: a lease counted as run out surely had (locked_until <= that
+// clock), and one that ran out only in the instant between that read and
+// the ack's check counts as valid. Being refused while valid is not the
+// caller's doing: the lease existed, or was taken over, before its end.
+func (e Event) RefusedAck(fetch *Event) Refusal {
+	r := Refusal{LockedUntilMs: e.AckLockedUntilMs}
+	if r.LockedUntilMs == 0 && fetch != nil {
+		r.LockedUntilMs = fetch.LockedUntilMs
+	}
+	if e.AckDBStartMs == 0 {
+		r.Cause = RefusedWhileValid // no clock: not shown to be late
+		return r
+	}
+	r.ClockMs = max(e.CallerBeforeMs, e.AckDBStartMs)
+	switch {
+	case r.LockedUntilMs == 0 && fetch != nil && fetch.LeaseLost:
+		// Taken over before its fetch could read it: dead at return,
+		// which the fetch's own check counts.
+		r.Cause = RefusedLateAtReturn
+		return r
+	case r.LockedUntilMs == 0 || r.LockedUntilMs > r.ClockMs:
+		r.Cause = RefusedWhileValid
+		return r
+	}
+	r.LatenessMs = r.ClockMs - r.LockedUntilMs
+	switch {
+	case fetch == nil:
+		r.Cause = RefusedLate
+	case fetch.DBReturnMs > 0 && r.LockedUntilMs <= fetch.DBReturnMs:
+		r.Cause = RefusedLateAtReturn
+	case fetch.DBAtReturnMs == 0:
+		r.Cause = RefusedLate
+	case r.LockedUntilMs <= fetch.DBAtReturnMs:
+		r.Cause = RefusedLateInDelivery
+	default:
+		r.Cause = RefusedLateInProcessing
+		r.ProcessingMs = e.AckDBStartMs - fetch.DBAtReturnMs
+	}
+	return r
+}
 
 // LockTimeoutMs is the lock timeout the fetch passed, from its lease
 // (0 when the lease was not read).

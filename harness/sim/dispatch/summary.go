@@ -48,10 +48,36 @@ type Summary struct {
 	AckCalls          int     `json:"ack_calls"`
 	InvalidLockAcks   int     `json:"invalid_lock_acks"`
 	InvalidLockAckPct float64 `json:"invalid_lock_ack_pct_of_fetches"`
-	// LiveLeaseInvalidAcks counts the refused acks of leases that were
-	// alive when they reached the caller (not dead on arrival).
-	LiveLeaseInvalidAcks   int     `json:"live_lease_invalid_acks"`
-	LiveLeaseInvalidAckPct float64 `json:"live_lease_invalid_ack_pct_of_fetches"`
+	// The refused acks (InvalidLockAcks) by cause (Event.RefusedAck), each
+	// judged at the ack's clock: the later of the p_now_ms it passed (what
+	// the ack compares locked_until with) and the database clock read in
+	// its round trip just before it ran (a lower bound of the database
+	// clock when it checked its lease).
+	//
+	// RefusedWhileValidAcks counts those whose lease was still valid then
+	// (locked_until after the ack's clock), or that cannot be shown to
+	// have run out (no clock was read): a defect of the schema, not of
+	// the caller. RefusedLateAcks counts those refused after the lease ran
+	// out, split by where it ran out, by the database clock: before the
+	// fetch returned (LateAtReturn), while the row was delivered
+	// (LateInDelivery: until the lease read after it arrived), or while
+	// the caller processed the turn and sent its ack (LateInProcessing).
+	// Lateness is the ack's clock minus locked_until, over the late acks
+	// whose locked_until is known (LatenessSamples; a lease taken over
+	// before the fetch could read it has none); LateProcessingMs is, over
+	// LateInProcessing, the time from the lease read after the row
+	// arrived to the ack's clock read, by the database clock.
+	RefusedWhileValidAcks int   `json:"refused_acks_valid_when_run"`
+	RefusedLateAcks       int   `json:"refused_acks_late"`
+	LateAtReturn          int   `json:"refused_acks_late_expired_at_return"`
+	LateInDelivery        int   `json:"refused_acks_late_expired_in_delivery"`
+	LateInProcessing      int   `json:"refused_acks_late_expired_in_processing"`
+	LatenessSamples       int   `json:"refused_acks_late_lateness_samples"`
+	LatenessMinMs         int64 `json:"refused_acks_late_lateness_min_ms"`
+	LatenessP50Ms         int64 `json:"refused_acks_late_lateness_p50_ms"`
+	LatenessMaxMs         int64 `json:"refused_acks_late_lateness_max_ms"`
+	LateProcessingP50Ms   int64 `json:"refused_acks_late_processing_p50_ms"`
+	LateProcessingMaxMs   int64 `json:"refused_acks_late_processing_max_ms"`
 	// CompletedTurns counts successful acks of normal turns; TurnsPerSec is
 	// CompletedTurns / ElapsedS.
 	CompletedTurns int     `json:"completed_turns"`
@@ -99,7 +125,8 @@ type Summary struct {
 func Summarize(events []Event, elapsed time.Duration, maxAttempts int) Summary {
 	s := Summary{ElapsedS: elapsed.Seconds(), MaxAttempts: maxAttempts}
 	var remaining, age, lat, leaseLat []int64
-	deadOnArrival := map[string]bool{} // lease token -> dead on arrival
+	fetches := map[string]Event{} // lease token -> its fetch
+	var lateness, processing []int64
 	noteErr := func(e Event) { s.Note(string(e.Kind), e.Outcome) }
 	for _, e := range events {
 		switch e.Kind {
@@ -111,7 +138,7 @@ func Summarize(events []Event, elapsed time.Duration, maxAttempts int) Summary {
 				s.Fetches++
 				leaseLat = append(leaseLat, e.LatencyUs)
 				s.MaxAttemptCount = max(s.MaxAttemptCount, int(e.AttemptCount))
-				deadOnArrival[e.Token] = e.DeadOnArrival()
+				fetches[e.Token] = e
 				if e.DeadOnArrival() {
 					s.DeadOnArrival++
 				}
@@ -154,8 +181,29 @@ func Summarize(events []Event, elapsed time.Duration, maxAttempts int) Summary {
 				}
 			case OutcomeInvalidLockToken:
 				s.InvalidLockAcks++
-				if dead, fetched := deadOnArrival[e.Token]; fetched && !dead {
-					s.LiveLeaseInvalidAcks++
+				f, fetched := fetches[e.Token]
+				var fp *Event
+				if fetched {
+					fp = &f
+				}
+				r := e.RefusedAck(fp)
+				switch r.Cause {
+				case RefusedWhileValid:
+					s.RefusedWhileValidAcks++
+				default:
+					s.RefusedLateAcks++
+					switch r.Cause {
+					case RefusedLateAtReturn:
+						s.LateAtReturn++
+					case RefusedLateInDelivery:
+						s.LateInDelivery++
+					case RefusedLateInProcessing:
+						s.LateInProcessing++
+						processing = append(processing, r.ProcessingMs)
+					}
+					if r.LockedUntilMs > 0 {
+						lateness = append(lateness, r.LatenessMs)
+					}
 				}
 			default:
 				noteErr(e)
@@ -179,7 +227,17 @@ func Summarize(events []Event, elapsed time.Duration, maxAttempts int) Summary {
 		s.DeadOnArrivalPct = 100 * float64(s.DeadOnArrival) / float64(s.Fetches)
 		s.InvalidLockAckPct = 100 * float64(s.InvalidLockAcks) / float64(s.Fetches)
 		s.DeadAtReturnPct = 100 * float64(s.DeadAtReturn) / float64(s.Fetches)
-		s.LiveLeaseInvalidAckPct = 100 * float64(s.LiveLeaseInvalidAcks) / float64(s.Fetches)
+	}
+	if len(lateness) > 0 {
+		sort.Slice(lateness, func(i, j int) bool { return lateness[i] < lateness[j] })
+		s.LatenessSamples = len(lateness)
+		s.LatenessMinMs, s.LatenessMaxMs = lateness[0], lateness[len(lateness)-1]
+		s.LatenessP50Ms = Percentile(lateness, 50)
+	}
+	if len(processing) > 0 {
+		sort.Slice(processing, func(i, j int) bool { return processing[i] < processing[j] })
+		s.LateProcessingP50Ms = Percentile(processing, 50)
+		s.LateProcessingMaxMs = processing[len(processing)-1]
 	}
 	if s.ElapsedS > 0 {
 		s.TurnsPerSec = float64(s.CompletedTurns) / s.ElapsedS

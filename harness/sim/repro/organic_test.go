@@ -59,7 +59,9 @@ func TestOrganicScenarioReproducesAt19AndIsCleanAt20(t *testing.T) {
 	res := runOrganicJudged(t, dsn, schemas, repro.OrganicShort())
 
 	// The regression check, on every fetch of the run: at 20 every lease
-	// was valid (by the caller's own clock) when the row reached it.
+	// was valid (by the caller's own clock) when the row reached it, unless
+	// a delivery at least as long as the lock timeout outlived it (the
+	// verdict's rule: the function cannot shorten the delivery).
 	v20 := res.Run(20)
 	require.NotNil(t, v20)
 	leases := 0
@@ -69,10 +71,21 @@ func TestOrganicScenarioReproducesAt19AndIsCleanAt20(t *testing.T) {
 		}
 		leases++
 		require.False(t, e.LeaseLost, "v20: lease %s was taken over before it could be read", e.Token)
-		require.Greater(t, e.RemainingMs, int64(0), "v20: lease %s arrived dead: %+v", e.Token, e)
+		require.False(t, e.DeadAtReturn(), "v20: lease %s dead at return: %+v", e.Token, e)
+		if e.RemainingMs <= 0 {
+			require.GreaterOrEqual(t, e.DeliveryMs, e.LockTimeoutMs(), "v20: lease %s arrived dead after a short delivery: %+v", e.Token, e)
+		}
 	}
 	require.Equal(t, v20.Summary.Fetches, leases)
 	require.Greater(t, leases, 10)
+	// Every ack read the database clock and its lease in its round trip,
+	// and none was refused while its lease was valid (Judge requires it).
+	for _, e := range v20.Events {
+		if e.Kind == dispatch.KindAck && !dispatch.IsUnknown(e.Outcome) {
+			require.Greater(t, e.AckDBStartMs, int64(0), "v20: ack without its clock: %+v", e)
+		}
+	}
+	require.Zero(t, v20.Summary.RefusedWhileValidAcks)
 
 	// At 19 the lease is dead on arrival on most fetches.
 	v19 := res.Run(19)
@@ -91,7 +104,7 @@ func TestOrganicScenarioReproducesAt19AndIsCleanAt20(t *testing.T) {
 	require.True(t, strings.HasPrefix(string(svg), "<svg"))
 	b, err := json.Marshal(res)
 	require.NoError(t, err)
-	for _, k := range []string{`"verdict"`, `"runs"`, `"dead_on_arrival_pct"`, `"remaining_lease_histogram"`, `"settings"`} {
+	for _, k := range []string{`"verdict"`, `"runs"`, `"dead_on_arrival_pct"`, `"refused_acks_valid_when_run"`, `"remaining_lease_histogram"`, `"settings"`} {
 		require.Contains(t, string(b), k)
 	}
 	require.NotContains(t, string(b), `"caller_before_ms"`, "events stay out of the JSON")

@@ -128,6 +128,13 @@ func organicRows() []rowDef[dispatch.Summary] {
 		{"invalid-lock acks", func(s dispatch.Summary) string {
 			return fmt.Sprintf("%d (%.1f%% of fetches)", s.InvalidLockAcks, s.InvalidLockAckPct)
 		}},
+		{"refused acks: lease valid / run out", func(s dispatch.Summary) string {
+			late := fmt.Sprint(s.RefusedLateAcks)
+			if s.LatenessSamples > 0 {
+				late += fmt.Sprintf(" (late p50 %d, max %d ms)", s.LatenessP50Ms, s.LatenessMaxMs)
+			}
+			return fmt.Sprintf("%d / %s", s.RefusedWhileValidAcks, late)
+		}},
 		{"max attempt_count (> max_attempts?)", func(s dispatch.Summary) string {
 			return fmt.Sprintf("%d (> %d: %s)", s.MaxAttemptCount, s.MaxAttempts, yes(s.ExceededMaxAttempts))
 		}},
@@ -198,7 +205,13 @@ func OrganicMarkdown(res OrganicResult, histogramFile string) string {
 		"function returned (what the function controls, and what the fix removes), and \"expired in delivery\", " +
 		"alive at return but outlived by the row's delivery to the caller (a large history on a busy machine); " +
 		"the verdict judges the first, and the second only when the delivery was shorter than the lock timeout " +
-		"(the lease was then not whole at return).\n\n")
+		"(the lease was then not whole at return).\n")
+	b.WriteString("\n\"Refused acks\": acks refused with 'Invalid lock token', judged at the ack's clock, the later of " +
+		"the p_now_ms it passed and the database clock read in its round trip just before it ran (a lower bound of the " +
+		"clock at its check). \"Lease valid\": locked_until was still after that clock, so the schema refused a " +
+		"lease that had not run out (judged: none at the fix). \"Run out\": the lease had ended by then, before " +
+		"the fetch returned, during the row's delivery or during the caller's processing of the turn (reported with " +
+		"how late, not judged).\n\n")
 	if histogramFile != "" {
 		fmt.Fprintf(&b, "![Remaining lease at return, per version](%s)\n\n", histogramFile)
 	}

@@ -101,12 +101,31 @@ func TestJudge(t *testing.T) {
 	runs[1].Summary.ExpiredInShortDelivery = 1
 	require.False(t, Judge(runs).Fixed)
 
-	// Refused acks count against the fix only for leases alive on arrival.
+	// Refused acks count against the fix only when the lease was still
+	// valid when the ack ran; those refused after it ran out are reported
+	// with their lateness, however many.
 	runs = append([]OrganicRun(nil), res.Runs...)
-	runs[1].Summary.InvalidLockAcks, runs[1].Summary.InvalidLockAckPct = 3, 5
-	require.True(t, Judge(runs).Fixed)
-	runs[1].Summary.LiveLeaseInvalidAcks, runs[1].Summary.LiveLeaseInvalidAckPct = 3, 5
-	require.False(t, Judge(runs).Fixed)
+	runs[1].Summary.InvalidLockAcks, runs[1].Summary.InvalidLockAckPct = 30, 50
+	runs[1].Summary.RefusedLateAcks, runs[1].Summary.LateInProcessing, runs[1].Summary.LateInDelivery = 30, 28, 2
+	runs[1].Summary.LatenessSamples, runs[1].Summary.LatenessMinMs, runs[1].Summary.LatenessP50Ms, runs[1].Summary.LatenessMaxMs = 30, 1, 12, 95
+	runs[1].Summary.LateProcessingP50Ms, runs[1].Summary.LateProcessingMaxMs = 240, 400
+	v = Judge(runs)
+	require.True(t, v.Fixed)
+	var late *Check
+	for i, c := range v.Checks {
+		if c.Version == 20 && strings.HasPrefix(c.Name, "refused acks of leases that had run out") {
+			late = &v.Checks[i]
+		}
+	}
+	require.NotNil(t, late)
+	require.True(t, late.Advisory && late.Pass, "reported, not judged")
+	require.Equal(t, "30 (ran out: 0 at return, 2 in delivery, 28 in processing); late by min/p50/max 1/12/95 ms; processing p50/max 240/400 ms", late.Got)
+	runs[1].Summary.RefusedWhileValidAcks = 1
+	require.False(t, Judge(runs).Fixed, "one ack refused while its lease was valid fails the fix")
+	// Below the fix, the refusals' causes are not judged.
+	runs = append([]OrganicRun(nil), res.Runs...)
+	runs[0].Summary.RefusedWhileValidAcks = 5
+	require.True(t, Judge(runs).Reproduced)
 
 	// Shares of a handful are not judged: too few leases fail either side.
 	runs = append([]OrganicRun(nil), res.Runs...)
