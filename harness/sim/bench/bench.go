@@ -14,7 +14,7 @@
 //     enqueues the instance's next message (steady state);
 //   - hot: one instance with a 5000-event history that always has a
 //     message, N = 16, lock timeout calibrated at start like the organic
-//     repro's (repro.Calibrate: repro.LockTimeoutFactor x one uncontended
+//     repro's (repro.Calibrate: hotLockTimeoutFactor x one uncontended
 //     fetch of the hot instance);
 //   - queue_only: 2000 instances without history, N = 1 and 8, plus the
 //     bare single-statement dequeue (baseline.go) on the same tables;

@@ -12,7 +12,6 @@ import (
 	"text/tabwriter"
 
 	"github.com/duroxide-pg/migrations/harness/sim/axis"
-	"github.com/duroxide-pg/migrations/harness/sim/repro"
 )
 
 // Files WriteReport writes.
@@ -327,7 +326,7 @@ func hotCalibrationText(r *Result) string {
 		return " (fixed)"
 	}
 	return fmt.Sprintf(" (calibrated at start like the organic repro: %g x the median of %d uncontended fetches of the hot instance, %.1f ms)",
-		repro.LockTimeoutFactor, c.Samples, c.FetchMs)
+		c.Factor, c.Samples, c.FetchMs)
 }
 
 func firstOr(ns []int) int {

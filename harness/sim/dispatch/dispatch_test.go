@@ -115,15 +115,33 @@ func TestSummarizeTellsDeadAtReturnFromExpiredInDelivery(t *testing.T) {
 		{Kind: dispatch.KindFetch, Token: "lost", Outcome: dispatch.OutcomeOK, LeaseLost: true},
 		{Kind: dispatch.KindAck, Token: "fine", Outcome: dispatch.OutcomeInvalidLockToken},
 		{Kind: dispatch.KindAck, Token: "slow", Outcome: dispatch.OutcomeInvalidLockToken},
+		// taken over in a 60 ms delivery: it had at most 60 ms left at
+		// return, so it had used at least 40
+		{Kind: dispatch.KindFetch, Token: "lost-in-delivery", Outcome: dispatch.OutcomeOK, LeaseLost: true,
+			DBReturnMs: 1000, DBAtReturnMs: 1060, DeliveryMs: 60},
 	}
 	s := dispatch.Summarize(ev, time.Second, 10)
-	require.Equal(t, 5, s.Fetches)
-	require.Equal(t, 4, s.DeadOnArrival, "stale, slow, short and lost, by the caller's clock")
-	require.Equal(t, 2, s.DeadAtReturn, "stale, and lost (counted as dead)")
-	require.InDelta(t, 40.0, s.DeadAtReturnPct, 0.01)
-	require.Equal(t, 2, s.ExpiredInDelivery, "slow and short")
+	require.Equal(t, 6, s.Fetches)
+	require.Equal(t, 5, s.DeadOnArrival, "stale, slow, short and both lost, by the caller's clock")
+	require.Equal(t, 2, s.DeadAtReturn, "stale, and lost unread (counted as dead)")
+	require.InDelta(t, 33.33, s.DeadAtReturnPct, 0.01)
+	require.Equal(t, 3, s.ExpiredInDelivery, "slow, short and lost-in-delivery")
 	require.Equal(t, 1, s.ExpiredInShortDelivery, "short: its delivery was shorter than the lock timeout")
 	require.Equal(t, int64(150), s.DeliveryMaxMs)
+	require.True(t, ev[7].LostInDelivery())
+	require.False(t, ev[4].LostInDelivery(), "no clock read: not known to be lost after the return")
+	// How much of its lease each fetch had used when the function
+	// returned: stale 110 ms (100 - (990 - 1000)), short 70, slow and fine
+	// 0, lost-in-delivery at least 40; the unread lost one is not known.
+	require.Equal(t, int64(timeout), s.LockTimeoutMs)
+	require.Equal(t, 5, s.ReturnAgeSamples)
+	require.Equal(t, int64(110), s.ReturnAgeMaxMs)
+	require.Equal(t, int64(40), s.ReturnAgeP50Ms) // 0, 0, 40, 70, 110
+	a, ok := ev[2].ReturnAgeMs()
+	require.True(t, ok)
+	require.Equal(t, int64(70), a)
+	_, ok = ev[4].ReturnAgeMs()
+	require.False(t, ok, "a lost lease has no age at return of its own")
 	require.Equal(t, 2, s.InvalidLockAcks)
 	require.Equal(t, 2, s.RefusedWhileValidAcks, "acks without a clock read are not shown to be late")
 }
@@ -156,13 +174,17 @@ func TestSummarizeJudgesRefusedAcksByTheAcksClock(t *testing.T) {
 		ack("gone-late", 1200, 1200, 0),      // gone before the ack, after its end at 1100: 100 ms late
 		ack("lost", 1200, 1200, 0),           // taken over before its fetch read it: dead at return
 		{Kind: dispatch.KindFailAck, Token: "processing", Outcome: dispatch.OutcomeInvalidLockToken, AckDBStartMs: 1000},
+		// taken over between its return and its read 150 ms later
+		{Kind: dispatch.KindFetch, Token: "lost-in-delivery", Outcome: dispatch.OutcomeOK, DBReturnMs: 1000,
+			DBAtReturnMs: 1150, DeliveryMs: 150, LeaseLost: true},
+		ack("lost-in-delivery", 1200, 1200, 0),
 	}
 	s := dispatch.Summarize(ev, time.Second, 10)
-	require.Equal(t, 8, s.InvalidLockAcks, "first acks only")
+	require.Equal(t, 9, s.InvalidLockAcks, "first acks only")
 	require.Equal(t, 2, s.RefusedWhileValidAcks, "valid and taken")
-	require.Equal(t, 6, s.RefusedLateAcks)
-	require.Equal(t, 1, s.LateAtReturn, "lost")
-	require.Equal(t, 1, s.LateInDelivery, "delivery")
+	require.Equal(t, 7, s.RefusedLateAcks)
+	require.Equal(t, 1, s.LateAtReturn, "lost, its read failed")
+	require.Equal(t, 2, s.LateInDelivery, "delivery, lost-in-delivery")
 	require.Equal(t, 4, s.LateInProcessing, "processing, callerclock, edge, gone-late")
 	require.Equal(t, 5, s.LatenessSamples, "lost has no known end")
 	require.Equal(t, int64(0), s.LatenessMinMs)

@@ -134,9 +134,26 @@ func (e Event) DeadOnArrival() bool { return e.HasRow() && (e.LeaseLost || e.Rem
 
 // DeadAtReturn reports a fetch whose lease had already expired, by the
 // database clock, when the function returned: what the function controls.
-// A lease lost before it could be read counts as dead at return.
+// A lease taken over before it could be read counts as dead at return
+// when the read failed; when the read ran, the takeover says only that the
+// lease had at most its delivery left at return (LostInDelivery).
 func (e Event) DeadAtReturn() bool {
-	return e.HasRow() && (e.LeaseLost || (e.DBReturnMs > 0 && e.LockedUntilMs <= e.DBReturnMs))
+	if !e.HasRow() {
+		return false
+	}
+	if e.LeaseLost {
+		return !e.LostInDelivery()
+	}
+	return e.DBReturnMs > 0 && e.LockedUntilMs <= e.DBReturnMs
+}
+
+// LostInDelivery reports a lease taken over by another dispatcher between
+// the function's return and the read after its row arrived, both clocks
+// read: a takeover needs the lease to have run out, so it had at most
+// DeliveryMs left when the function returned, and used at least the lock
+// timeout minus that (Summarize counts that bound as its age at return).
+func (e Event) LostInDelivery() bool {
+	return e.HasRow() && e.LeaseLost && e.DBReturnMs > 0 && e.DBAtReturnMs > 0
 }
 
 // ExpiredInDelivery reports a lease alive when the function returned but
@@ -202,9 +219,14 @@ func (e Event) RefusedAck(fetch *Event) Refusal {
 	}
 	r.ClockMs = max(e.CallerBeforeMs, e.AckDBStartMs)
 	switch {
+	case r.LockedUntilMs == 0 && fetch != nil && fetch.LostInDelivery():
+		// Taken over between the return and its fetch's read: run out in
+		// the row's delivery, by the taker's clock.
+		r.Cause = RefusedLateInDelivery
+		return r
 	case r.LockedUntilMs == 0 && fetch != nil && fetch.LeaseLost:
-		// Taken over before its fetch could read it: dead at return,
-		// which the fetch's own check counts.
+		// Taken over before its fetch could read it (the read failed):
+		// dead at return, which the fetch's own check counts.
 		r.Cause = RefusedLateAtReturn
 		return r
 	case r.LockedUntilMs == 0 || r.LockedUntilMs > r.ClockMs:
@@ -226,6 +248,21 @@ func (e Event) RefusedAck(fetch *Event) Refusal {
 		r.ProcessingMs = e.AckDBStartMs - fetch.DBAtReturnMs
 	}
 	return r
+}
+
+// ReturnAgeMs is how much of its lease the fetch had used up when the
+// function returned, by the database clock: the lock timeout minus
+// LockedUntilMs - DBReturnMs. A lease counted from a p_now_ms minted
+// before the function waited (version 19) is as old as the wait; one
+// computed as the function's last step (0020) only as old as that step and
+// the return of its row. ok is false when the lease or the return clock
+// was not read (for a lease LostInDelivery, Summarize counts the least it
+// can have used instead).
+func (e Event) ReturnAgeMs() (ageMs int64, ok bool) {
+	if !e.HasRow() || e.LeaseLost || e.DBReturnMs == 0 || e.LockedUntilMs == 0 {
+		return 0, false
+	}
+	return e.LockTimeoutMs() - (e.LockedUntilMs - e.DBReturnMs), true
 }
 
 // LockTimeoutMs is the lock timeout the fetch passed, from its lease

@@ -111,6 +111,19 @@ type Summary struct {
 	LeaseAgeP50Ms int64 `json:"lease_age_p50_ms"`
 	LeaseAgeP99Ms int64 `json:"lease_age_p99_ms"`
 	LeaseAgeMaxMs int64 `json:"lease_age_max_ms"`
+	// How much of its lease each fetch had used up when the function
+	// returned, by the database clock (Event.ReturnAgeMs), over the leases
+	// whose lease and return clock were read, and, for a lease
+	// LostInDelivery, the least it can have used (the lock timeout minus
+	// its delivery, at least 0): ReturnAgeSamples of them, in ms. What the
+	// function itself controls.
+	// LockTimeoutMs is the lock timeout the fetches passed, read off their
+	// leases (0 when none was read).
+	LockTimeoutMs    int64 `json:"lock_timeout_ms"`
+	ReturnAgeSamples int   `json:"lease_age_at_return_db_samples"`
+	ReturnAgeP50Ms   int64 `json:"lease_age_at_return_db_p50_ms"`
+	ReturnAgeP99Ms   int64 `json:"lease_age_at_return_db_p99_ms"`
+	ReturnAgeMaxMs   int64 `json:"lease_age_at_return_db_max_ms"`
 
 	// Fetch call latency in ms: over every call, and over the calls that
 	// returned a row.
@@ -126,7 +139,7 @@ func Summarize(events []Event, elapsed time.Duration, maxAttempts int) Summary {
 	s := Summary{ElapsedS: elapsed.Seconds(), MaxAttempts: maxAttempts}
 	var remaining, age, lat, leaseLat []int64
 	fetches := map[string]Event{} // lease token -> its fetch
-	var lateness, processing []int64
+	var lateness, processing, returnAge, lostDeliveries []int64
 	noteErr := func(e Event) { s.Note(string(e.Kind), e.Outcome) }
 	for _, e := range events {
 		switch e.Kind {
@@ -151,6 +164,12 @@ func Summarize(events []Event, elapsed time.Duration, maxAttempts int) Summary {
 					if e.DeliveryMs < e.LockTimeoutMs() {
 						s.ExpiredInShortDelivery++
 					}
+				}
+				s.LockTimeoutMs = max(s.LockTimeoutMs, e.LockTimeoutMs())
+				if a, ok := e.ReturnAgeMs(); ok {
+					returnAge = append(returnAge, a)
+				} else if e.LostInDelivery() {
+					lostDeliveries = append(lostDeliveries, e.DeliveryMs)
 				}
 				if e.LeaseLost {
 					s.LeasesLost++
@@ -223,6 +242,9 @@ func Summarize(events []Event, elapsed time.Duration, maxAttempts int) Summary {
 		}
 	}
 	s.ExceededMaxAttempts = s.MaxAttemptCount > maxAttempts
+	for _, d := range lostDeliveries {
+		returnAge = append(returnAge, max(0, s.LockTimeoutMs-d))
+	}
 	if s.Fetches > 0 {
 		s.DeadOnArrivalPct = 100 * float64(s.DeadOnArrival) / float64(s.Fetches)
 		s.InvalidLockAckPct = 100 * float64(s.InvalidLockAcks) / float64(s.Fetches)
@@ -233,6 +255,13 @@ func Summarize(events []Event, elapsed time.Duration, maxAttempts int) Summary {
 		s.LatenessSamples = len(lateness)
 		s.LatenessMinMs, s.LatenessMaxMs = lateness[0], lateness[len(lateness)-1]
 		s.LatenessP50Ms = Percentile(lateness, 50)
+	}
+	if len(returnAge) > 0 {
+		sort.Slice(returnAge, func(i, j int) bool { return returnAge[i] < returnAge[j] })
+		s.ReturnAgeSamples = len(returnAge)
+		s.ReturnAgeP50Ms = Percentile(returnAge, 50)
+		s.ReturnAgeP99Ms = Percentile(returnAge, 99)
+		s.ReturnAgeMaxMs = returnAge[len(returnAge)-1]
 	}
 	if len(processing) > 0 {
 		sort.Slice(processing, func(i, j int) bool { return processing[i] < processing[j] })

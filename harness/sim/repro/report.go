@@ -141,7 +141,13 @@ func organicRows() []rowDef[dispatch.Summary] {
 		{"remaining lease p1 / p50 / p99", func(s dispatch.Summary) string {
 			return triple(s, s.RemainingP1Ms, s.RemainingP50Ms, s.RemainingP99Ms)
 		}},
-		{"lease age at return p50 / p99 / max", func(s dispatch.Summary) string {
+		{"lease used at return p50 / p99 / max", func(s dispatch.Summary) string {
+			if s.ReturnAgeSamples == 0 {
+				return "-"
+			}
+			return fmt.Sprintf("%d / %d / %d ms", s.ReturnAgeP50Ms, s.ReturnAgeP99Ms, s.ReturnAgeMaxMs)
+		}},
+		{"lease age on arrival p50 / p99 / max", func(s dispatch.Summary) string {
 			return triple(s, s.LeaseAgeP50Ms, s.LeaseAgeP99Ms, s.LeaseAgeMaxMs)
 		}},
 		{"completed turns/s", func(s dispatch.Summary) string {
@@ -164,7 +170,7 @@ func PrintTable(w io.Writer, res OrganicResult) error {
 	header, rows := sideBySide(res.Runs, organicRows())
 	lock := fmt.Sprintf("lock timeout %d ms", res.Settings.LockTimeoutMs)
 	if c := res.Calibration; c != nil {
-		lock += fmt.Sprintf(" (%g x an uncontended fetch, %.1f ms)", LockTimeoutFactor, c.FetchMs)
+		lock += fmt.Sprintf(" (%g x an uncontended fetch, %.1f ms)", c.Factor, c.FetchMs)
 	}
 	bug, fix := Versions()
 	return printSideBySide(w, header, rows, res.Verdict.Verdict, bug, fix,
@@ -190,7 +196,7 @@ func OrganicMarkdown(res OrganicResult, histogramFile string) string {
 		fmt.Fprintf(&b, "The lock timeout was calibrated on this machine: one uncontended fetch of a hot instance "+
 			"took %.1f ms (median of %d, schema %s), and the timeout is %g times that, rounded up: %d ms. "+
 			"At %d a lease dies when the caller waited longer than that in the call; at %d only if delivering the row "+
-			"took longer.\n\n", c.FetchMs, c.Samples, c.Schema, LockTimeoutFactor, c.LockTimeoutMs, bug, fix)
+			"took longer.\n\n", c.FetchMs, c.Samples, c.Schema, c.Factor, c.LockTimeoutMs, bug, fix)
 	}
 	header, rows := sideBySide(res.Runs, organicRows())
 	writeMarkdownTable(&b, header, rows)
@@ -199,13 +205,18 @@ func OrganicMarkdown(res OrganicResult, histogramFile string) string {
 		"call, so its age is the whole call including every wait; at %d it starts when the function is done, so its "+
 		"age is the time to deliver the row (serialise, send, parse the history) plus any scheduling stall.\n", bug, fix)
 	b.WriteString("\n\"Dead on arrival\": the lease's locked_until was already at or before the caller's clock " +
-		"when the row reached the caller (or the lease had already been taken over before it could be read), " +
+		"when the row reached the caller (or the lease had already been taken over before it could be read: " +
+		"dead at return when that read failed, expired in delivery when it ran, since a takeover needs the lease to " +
+		"have run out), " +
 		"so every ack of that turn is refused with 'Invalid lock token' and the message comes back with a higher " +
 		"attempt_count. It splits in two: \"dead at return\", already expired by the database clock when the " +
 		"function returned (what the function controls, and what the fix removes), and \"expired in delivery\", " +
 		"alive at return but outlived by the row's delivery to the caller (a large history on a busy machine); " +
-		"the verdict judges the first, and the second only when the delivery was shorter than the lock timeout " +
-		"(the lease was then not whole at return).\n")
+		"the verdict judges the first and reports the second. \"Lease used at return\": how much of its lease the " +
+		"fetch had used up when the function returned, by the database clock (for a lease taken over in its " +
+		"delivery, the least it can have used: the lock timeout minus the delivery); at the fix its median must " +
+		fmt.Sprintf("stay within %d%% of the lock timeout. attempt_count is judged below the fix only: ", FixReturnAgeP50Pct) +
+		"at the fix the function raises it only through a lease dead at return or an ack refused while valid.\n")
 	b.WriteString("\n\"Refused acks\": acks refused with 'Invalid lock token', judged at the ack's clock, the later of " +
 		"the p_now_ms it passed and the database clock read in its round trip just before it ran (a lower bound of the " +
 		"clock at its check). \"Lease valid\": locked_until was still after that clock, so the schema refused a " +

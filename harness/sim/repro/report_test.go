@@ -67,7 +67,8 @@ func sampleResult() OrganicResult {
 				RemainingP1Ms: -300, RemainingP50Ms: -120, RemainingP99Ms: 5, ElapsedS: 8}},
 		{Version: 20, Schema: "organic_v20", Events: fetchEvents(20, 25, 27, 28, 28), Conservation: "ok",
 			Summary: dispatch.Summary{Fetches: 60, FetchCalls: 70, CompletedTurns: 60, TurnsPerSec: 7.5, MaxAttemptCount: 1,
-				MaxAttempts: 10, RemainingSamples: 60, RemainingP1Ms: 20, RemainingP50Ms: 27, RemainingP99Ms: 28, ElapsedS: 8}},
+				MaxAttempts: 10, RemainingSamples: 60, RemainingP1Ms: 20, RemainingP50Ms: 27, RemainingP99Ms: 28, ElapsedS: 8,
+				LockTimeoutMs: 30, ReturnAgeSamples: 60, ReturnAgeP50Ms: 1, ReturnAgeP99Ms: 2, ReturnAgeMaxMs: 3}},
 	}
 	shareHistogramAxis(runs, 30, dispatch.Remaining)
 	cfg := OrganicDefaults()
@@ -92,14 +93,28 @@ func TestJudge(t *testing.T) {
 	require.False(t, v.Fixed)
 	require.False(t, v.OK)
 
-	// At 20, a lease that only a delivery longer than the lock timeout
-	// outlived is reported, not judged; one that expired in a shorter
-	// delivery was not whole at return, and fails.
+	// At 20, a lease that a delivery outlived is reported, not judged,
+	// however short the delivery, and so is the attempt_count late acks
+	// raise; a median lease that had used up more than FixReturnAgeP50Pct%
+	// of itself when the function returned fails (a single stalled return
+	// does not), and so does a run whose return clock was never read.
 	runs = append([]OrganicRun(nil), res.Runs...)
-	runs[1].Summary.DeadOnArrival, runs[1].Summary.ExpiredInDelivery, runs[1].Summary.DeliveryMaxMs = 1, 1, 250
-	require.True(t, Judge(runs).Fixed)
+	runs[1].Summary.DeadOnArrival, runs[1].Summary.ExpiredInDelivery, runs[1].Summary.DeliveryMaxMs = 2, 2, 250
 	runs[1].Summary.ExpiredInShortDelivery = 1
+	runs[1].Summary.MaxAttemptCount, runs[1].Summary.ExceededMaxAttempts = 11, true
+	require.True(t, Judge(runs).Fixed)
+	runs[1].Summary.ReturnAgeMaxMs = 29
+	require.True(t, Judge(runs).Fixed, "one return stalled near the lease's end is not judged")
+	runs[1].Summary.ReturnAgeP50Ms = 7
+	require.True(t, Judge(runs).Fixed, "a quarter of the lease used at return, at the median, is the limit")
+	runs[1].Summary.ReturnAgeP50Ms = 8
 	require.False(t, Judge(runs).Fixed)
+	runs[1].Summary.ReturnAgeP50Ms, runs[1].Summary.ReturnAgeSamples = 0, 0
+	require.False(t, Judge(runs).Fixed)
+	// Below the fix attempt_count is judged: it is the bug's symptom.
+	runs = append([]OrganicRun(nil), res.Runs...)
+	runs[0].Summary.MaxAttemptCount, runs[0].Summary.ExceededMaxAttempts = 10, false
+	require.False(t, Judge(runs).Reproduced)
 
 	// Refused acks count against the fix only when the lease was still
 	// valid when the ack ran; those refused after it ran out are reported

@@ -32,6 +32,10 @@ type Run[S, E any] struct {
 	Version int    `json:"version"`
 	Schema  string `json:"schema"`
 	Summary S      `json:"summary"`
+	// Segments is how many runs of the configured duration the version
+	// took (the organic scenario runs a version below the fix again, up
+	// to MaxBugSegments, until it shows the bug); 0 when not counted.
+	Segments int `json:"segments,omitempty"`
 	// Conservation is "ok" when every message (or item) was consumed
 	// exactly once or is still queued, else what went wrong.
 	Conservation string `json:"conservation"`
