@@ -29,7 +29,7 @@ repro: upstream ## show the bugs and the fixes on a throwaway PostgreSQL: orches
 	@mkdir -p $(OUT)
 	$(HARNESS) repro all --report $(OUT) --json $(OUT)/repro.json
 
-bench: ## speed side by side in one run: 0019 vs 0020 (worker: 0024 vs 0028; scale: 0019 vs the latest), about 5 min; writes docs/bench/
+bench: ## speed side by side in one run: upstream's schema vs the pack's latest with the real runtime, then per fix (0019 vs 0020, worker 0024 vs 0028, scale 0019 vs the latest), about 8 min; writes docs/bench/
 	$(HARNESS) bench --report docs/bench
 
 worker-waits: ## run the 16-fetcher worker test RUNS times (default 200) on a server logging every lock wait over 1 ms; fails on any fetch_work_item wait

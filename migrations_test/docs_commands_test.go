@@ -82,7 +82,7 @@ type docSpec struct {
 
 // docSpecs are keyed by the block's first line, as written.
 var docSpecs = map[string]docSpec{
-	// README.md
+	// README.md, docs/ADOPTING.md
 	"make repro   # show the bugs and the fixes (orchestration fetch, worker queue, the real runtime), on a throwaway PostgreSQL": {
 		state: notRun, why: "make repro and make test are what CI runs (.ci/run): the whole suite cannot run itself"},
 	"export HARNESS_DSN='postgres://postgres:harness@127.0.0.1:55432/postgres?sslmode=disable'": {
@@ -90,6 +90,13 @@ var docSpecs = map[string]docSpec{
 	"make up DSN='postgres://user@host:5432/app' SCHEMA=duroxide":                      {state: fresh},
 	"go run ./harness/cmd/harness baseline --dsn \"$DSN\" --schema duroxide --dry-run": {state: realUpstream},
 	"psql \"$DSN\" -c 'CREATE SCHEMA IF NOT EXISTS duroxide'":                          {state: fresh},
+	// docs/BENCH.md, docs/MATRIX.md
+	"make bench                                   # = harness bench --report docs/bench": {
+		state: notRun, why: "a full bench takes 8 minutes and rewrites docs/bench/; its scenarios run at small sizes in harness/sim/bench's tests"},
+	"scripts/pg-matrix.sh                 # 14 15 16 17 18, full suite": {
+		state: notRun, why: ".ci/run runs it (make matrix, MATRIX_TESTS=pack on 14, 16, 17, 18); the full matrix is five runs of the suite"},
+	"PG_BIN=/var/cache/duroxide-pg-migrations/pg/16/current/bin go test ./...": {
+		state: notRun, why: "the matrix's own step: scripts/pg-matrix.sh runs the suite and the repro with PG_BIN set this way"},
 	// docs/OPERATIONS.md
 	"pg_dump --schema=duroxide --format=custom --file=duroxide-before-fix.dump \"$DSN\"":                                      {state: realUpstream},
 	"bin/harness doctor --dsn \"$DSN\" --schema duroxide":                                                                     {state: realUpstream, exits: map[string]int{"doctor": 1}}, // warnings: unfixed, no goose table
@@ -119,7 +126,14 @@ func TestEveryDocumentedCommandRunsFromTheCheckoutRoot(t *testing.T) {
 	require.NoError(t, err, "go build: %s", out)
 
 	var blocks []docBlock
-	for _, f := range []string{"README.md", "docs/OPERATIONS.md", "docs/RUNTIME.md"} {
+	docs, err := filepath.Glob(filepath.Join(root, "docs", "*.md"))
+	require.NoError(t, err)
+	files := []string{"README.md"}
+	for _, d := range docs {
+		files = append(files, filepath.ToSlash(strings.TrimPrefix(d, root+string(filepath.Separator))))
+	}
+	require.Contains(t, files, "docs/OPERATIONS.md")
+	for _, f := range files {
 		blocks = append(blocks, docBlocks(t, f)...)
 	}
 	require.NotEmpty(t, blocks)

@@ -4,6 +4,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -34,4 +35,41 @@ func TestReadmeLayoutListsEveryPackage(t *testing.T) {
 	for pkg := range packages {
 		require.Contains(t, layout, "`"+pkg+"`", "README's layout table has no row for %s", pkg)
 	}
+}
+
+// TestDocumentLinksResolve: every relative link of README.md and the
+// documents under docs/ names a file of the checkout, so moving a section
+// cannot leave a link behind.
+func TestDocumentLinksResolve(t *testing.T) {
+	files := []string{"../README.md", "../sql/README.md"}
+	for _, pattern := range []string{"../docs/*.md", "../docs/design/*.md"} {
+		more, err := filepath.Glob(pattern)
+		require.NoError(t, err)
+		files = append(files, more...)
+	}
+	link := regexp.MustCompile(`\]\(([^)#\s]+)(#[^)]*)?\)`)
+	checked := 0
+	for _, f := range files {
+		text, err := os.ReadFile(f)
+		require.NoError(t, err)
+		for _, m := range link.FindAllStringSubmatch(string(text), -1) {
+			target := m[1]
+			if strings.Contains(target, "://") || strings.HasPrefix(target, "mailto:") {
+				continue
+			}
+			_, err := os.Stat(filepath.Join(filepath.Dir(f), target))
+			require.NoError(t, err, "%s links to %s, which is not in the checkout", f, target)
+			checked++
+		}
+	}
+	require.NotZero(t, checked)
+}
+
+// TestReadmeIsAFirstScreen: README.md stays short (what the pack is, the
+// two commands, the fix, where to read on); the rest lives in docs/.
+func TestReadmeIsAFirstScreen(t *testing.T) {
+	readme, err := os.ReadFile("../README.md")
+	require.NoError(t, err)
+	lines := strings.Count(string(readme), "\n")
+	require.LessOrEqual(t, lines, 150, "README.md has %d lines; move detail to docs/", lines)
 }
