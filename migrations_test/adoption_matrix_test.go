@@ -22,6 +22,7 @@ import (
 	_ "github.com/jackc/pgx/v5/stdlib" // database/sql driver "pgx"
 	"github.com/stretchr/testify/require"
 
+	migrations "github.com/duroxide-pg/migrations"
 	"github.com/duroxide-pg/migrations/harness/ops/baseline"
 	"github.com/duroxide-pg/migrations/harness/ops/catalog"
 	"github.com/duroxide-pg/migrations/harness/ops/doctor"
@@ -30,7 +31,6 @@ import (
 	"github.com/duroxide-pg/migrations/harness/sim/orch"
 	"github.com/duroxide-pg/migrations/harness/sim/repro"
 	"github.com/duroxide-pg/migrations/harness/testenv/testdb"
-	migrations "github.com/duroxide-pg/migrations/sql"
 )
 
 // noGoose stands for "no goose version table".

@@ -15,8 +15,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	migrations "github.com/duroxide-pg/migrations"
 	"github.com/duroxide-pg/migrations/harness/testenv/upstream"
-	migrations "github.com/duroxide-pg/migrations/sql"
 )
 
 // TestKVDelta proves the claims of 0020 on one database per target (the

@@ -13,7 +13,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	migrations "github.com/duroxide-pg/migrations/sql"
+	migrations "github.com/duroxide-pg/migrations"
 )
 
 // buildWorld fills h with instances in several states. Creation times

@@ -14,7 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
-	migrations "github.com/duroxide-pg/migrations/sql"
+	migrations "github.com/duroxide-pg/migrations"
 )
 
 // At 19 and at the pack's latest version (the fixes keep the property).

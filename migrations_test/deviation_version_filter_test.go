@@ -10,7 +10,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	migrations "github.com/duroxide-pg/migrations/sql"
+	migrations "github.com/duroxide-pg/migrations"
 )
 
 // TestVersionFilterPacksInBigint: fetch_orchestration_item's version filter

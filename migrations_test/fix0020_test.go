@@ -12,11 +12,11 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	migrations "github.com/duroxide-pg/migrations"
 	"github.com/duroxide-pg/migrations/harness/ops/catalog"
 	"github.com/duroxide-pg/migrations/harness/sim/orch"
 	"github.com/duroxide-pg/migrations/harness/sim/repro"
 	"github.com/duroxide-pg/migrations/harness/testenv/testdb"
-	migrations "github.com/duroxide-pg/migrations/sql"
 )
 
 // unfixed and fixVersion are the pack's fix of fetch_orchestration_item and

@@ -9,7 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 
-	migrations "github.com/duroxide-pg/migrations/sql"
+	migrations "github.com/duroxide-pg/migrations"
 )
 
 // Every fix identifies what it replaces: a definition of any function it

@@ -27,7 +27,7 @@ var (
 )
 
 // No pack version number is written by hand outside sql/ and its reader
-// (sql/pack.go): the harness reads every version it needs (the latest,
+// (the root package's pack.go): the harness reads every version it needs (the latest,
 // which port is which upstream version, which migration fixes which
 // function) from the files, so a new migration changes nothing else.
 // In the harness's code, comments may name versions (they explain

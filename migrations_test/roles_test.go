@@ -21,12 +21,12 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 
+	migrations "github.com/duroxide-pg/migrations"
 	"github.com/duroxide-pg/migrations/harness/cli"
 	"github.com/duroxide-pg/migrations/harness/ops/migrate"
 	"github.com/duroxide-pg/migrations/harness/sim/orch"
 	"github.com/duroxide-pg/migrations/harness/testenv/pgtest"
 	"github.com/duroxide-pg/migrations/harness/testenv/upstream"
-	migrations "github.com/duroxide-pg/migrations/sql"
 )
 
 // leastPrivilegeGrants is docs/OPERATIONS.md's setup, for schema duroxide,

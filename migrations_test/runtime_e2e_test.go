@@ -15,11 +15,11 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	migrations "github.com/duroxide-pg/migrations"
 	"github.com/duroxide-pg/migrations/harness/ops/baseline"
 	"github.com/duroxide-pg/migrations/harness/ops/doctor"
 	"github.com/duroxide-pg/migrations/harness/ops/migrate"
 	"github.com/duroxide-pg/migrations/harness/testenv/upstream"
-	migrations "github.com/duroxide-pg/migrations/sql"
 )
 
 // runtimeScenario is one end-to-end scenario and what the client must see.

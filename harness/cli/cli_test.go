@@ -13,8 +13,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	migrations "github.com/duroxide-pg/migrations"
 	"github.com/duroxide-pg/migrations/harness/testenv/pgtest"
-	migrations "github.com/duroxide-pg/migrations/sql"
 )
 
 func run(t *testing.T, args ...string) (code int, stdout, stderr string) {

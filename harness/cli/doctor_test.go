@@ -12,7 +12,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	migrations "github.com/duroxide-pg/migrations/sql"
+	migrations "github.com/duroxide-pg/migrations"
 )
 
 func TestDoctorExitCodes(t *testing.T) {

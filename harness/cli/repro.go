@@ -9,12 +9,12 @@ import (
 	"strings"
 	"time"
 
+	migrations "github.com/duroxide-pg/migrations"
 	"github.com/duroxide-pg/migrations/harness/ops/migrate"
 	"github.com/duroxide-pg/migrations/harness/sim/dispatch"
 	"github.com/duroxide-pg/migrations/harness/sim/repro"
 	"github.com/duroxide-pg/migrations/harness/testenv/pgtest"
 	"github.com/duroxide-pg/migrations/harness/testenv/upstream"
-	migrations "github.com/duroxide-pg/migrations/sql"
 )
 
 // reproSetup is one throwaway database with one schema per version.

@@ -7,8 +7,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	migrations "github.com/duroxide-pg/migrations"
 	"github.com/duroxide-pg/migrations/harness/sim/repro"
-	migrations "github.com/duroxide-pg/migrations/sql"
 )
 
 func TestWorkerReproUsageErrors(t *testing.T) {

@@ -8,10 +8,10 @@ import (
 	"text/tabwriter"
 	"time"
 
+	migrations "github.com/duroxide-pg/migrations"
 	"github.com/duroxide-pg/migrations/harness/sim/faults"
 	"github.com/duroxide-pg/migrations/harness/sim/invariant"
 	"github.com/duroxide-pg/migrations/harness/testenv/pgtest"
-	migrations "github.com/duroxide-pg/migrations/sql"
 )
 
 // soakSummary is what soak prints and --json writes: faults.Soak's sum

@@ -10,9 +10,9 @@ import (
 	"slices"
 	"strconv"
 
+	migrations "github.com/duroxide-pg/migrations"
 	"github.com/duroxide-pg/migrations/harness/ops/migrate"
 	"github.com/duroxide-pg/migrations/harness/ops/sqlscript"
-	migrations "github.com/duroxide-pg/migrations/sql"
 )
 
 // runSQL prints the SQL `harness migrate up|down` would run (package

@@ -16,12 +16,12 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/stretchr/testify/require"
 
+	migrations "github.com/duroxide-pg/migrations"
 	"github.com/duroxide-pg/migrations/harness/ops/baseline"
 	"github.com/duroxide-pg/migrations/harness/ops/catalog"
 	"github.com/duroxide-pg/migrations/harness/ops/migrate"
 	"github.com/duroxide-pg/migrations/harness/testenv/pgtest"
 	"github.com/duroxide-pg/migrations/harness/testenv/testdb"
-	migrations "github.com/duroxide-pg/migrations/sql"
 )
 
 var dbs *testdb.Pool

@@ -16,9 +16,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	migrations "github.com/duroxide-pg/migrations"
 	"github.com/duroxide-pg/migrations/harness/ops/fingerprint"
 	"github.com/duroxide-pg/migrations/harness/ops/migrate"
-	migrations "github.com/duroxide-pg/migrations/sql"
 )
 
 // Severities, in increasing order; a report's status is its worst finding.

@@ -7,7 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	migrations "github.com/duroxide-pg/migrations/sql"
+	migrations "github.com/duroxide-pg/migrations"
 )
 
 // Heads is the state of the queue heads a fix of the pack adds (0027:

@@ -18,7 +18,7 @@ import (
 	"strconv"
 	"strings"
 
-	migrations "github.com/duroxide-pg/migrations/sql"
+	migrations "github.com/duroxide-pg/migrations"
 )
 
 // Query computes, for every function of schema $1, its identity (name and

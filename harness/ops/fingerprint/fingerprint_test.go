@@ -4,8 +4,8 @@ import (
 	"strings"
 	"testing"
 
+	migrations "github.com/duroxide-pg/migrations"
 	"github.com/duroxide-pg/migrations/harness/ops/fingerprint"
-	migrations "github.com/duroxide-pg/migrations/sql"
 )
 
 // Every row of every guard table says what a fingerprint is; check each

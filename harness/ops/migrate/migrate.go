@@ -18,7 +18,7 @@ import (
 	"github.com/pressly/goose/v3"
 	"github.com/pressly/goose/v3/lock"
 
-	migrations "github.com/duroxide-pg/migrations/sql"
+	migrations "github.com/duroxide-pg/migrations"
 )
 
 // DefaultSchema is the schema migrations go into unless told otherwise.

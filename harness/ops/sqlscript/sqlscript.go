@@ -18,8 +18,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	migrations "github.com/duroxide-pg/migrations"
 	"github.com/duroxide-pg/migrations/harness/ops/migrate"
-	migrations "github.com/duroxide-pg/migrations/sql"
 )
 
 // Options say which script to write.

@@ -45,12 +45,12 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	migrations "github.com/duroxide-pg/migrations"
 	"github.com/duroxide-pg/migrations/harness/ops/migrate"
 	"github.com/duroxide-pg/migrations/harness/sim/dispatch"
 	"github.com/duroxide-pg/migrations/harness/sim/repro"
 	"github.com/duroxide-pg/migrations/harness/sim/simconfig"
 	"github.com/duroxide-pg/migrations/harness/testenv/pgtest"
-	migrations "github.com/duroxide-pg/migrations/sql"
 )
 
 // Versions are the schema versions compared: the version before the pack's

@@ -23,9 +23,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	migrations "github.com/duroxide-pg/migrations"
 	"github.com/duroxide-pg/migrations/harness/ops/migrate"
 	"github.com/duroxide-pg/migrations/harness/testenv/upstream"
-	migrations "github.com/duroxide-pg/migrations/sql"
 )
 
 // Runtime is the scenario's name.

@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"slices"
 
-	migrations "github.com/duroxide-pg/migrations/sql"
+	migrations "github.com/duroxide-pg/migrations"
 )
 
 // The scale scenario (issue 15): what one fetch_orchestration_item costs

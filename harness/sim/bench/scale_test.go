@@ -13,9 +13,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	migrations "github.com/duroxide-pg/migrations"
 	"github.com/duroxide-pg/migrations/harness/sim/dispatch"
 	"github.com/duroxide-pg/migrations/harness/sim/orch"
-	migrations "github.com/duroxide-pg/migrations/sql"
 )
 
 func TestScaleComparesTheVersionBeforeTheFirstFetchFixWithTheLatest(t *testing.T) {

@@ -4,9 +4,9 @@ import (
 	"os"
 	"testing"
 
+	migrations "github.com/duroxide-pg/migrations"
 	"github.com/duroxide-pg/migrations/harness/testenv/pgtest"
 	"github.com/duroxide-pg/migrations/harness/testenv/testdb"
-	migrations "github.com/duroxide-pg/migrations/sql"
 )
 
 // dbs hands out per-test databases on the one server this test binary uses.

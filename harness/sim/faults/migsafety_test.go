@@ -11,8 +11,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	migrations "github.com/duroxide-pg/migrations"
 	"github.com/duroxide-pg/migrations/harness/ops/migrate"
-	migrations "github.com/duroxide-pg/migrations/sql"
 )
 
 // Four runners started at once on one empty database: all succeed and

@@ -6,7 +6,7 @@ import (
 	"math/rand/v2"
 	"time"
 
-	migrations "github.com/duroxide-pg/migrations/sql"
+	migrations "github.com/duroxide-pg/migrations"
 )
 
 // OldestVersion is the oldest pack version the simulated dispatchers are

@@ -7,8 +7,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	migrations "github.com/duroxide-pg/migrations"
 	"github.com/duroxide-pg/migrations/harness/sim/faults"
-	migrations "github.com/duroxide-pg/migrations/sql"
 )
 
 // A soak runs whole rounds of mixed faults until its duration is used up,

@@ -5,8 +5,8 @@ import (
 	"fmt"
 	"sort"
 
+	migrations "github.com/duroxide-pg/migrations"
 	"github.com/duroxide-pg/migrations/harness/ops/migrate"
-	migrations "github.com/duroxide-pg/migrations/sql"
 )
 
 // The shape every scenario repro (organic, worker) shares: a simulation

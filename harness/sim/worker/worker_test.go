@@ -10,11 +10,11 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	migrations "github.com/duroxide-pg/migrations"
 	"github.com/duroxide-pg/migrations/harness/ops/migrate"
 	"github.com/duroxide-pg/migrations/harness/sim/simconfig"
 	"github.com/duroxide-pg/migrations/harness/sim/worker"
 	"github.com/duroxide-pg/migrations/harness/testenv/pgtest"
-	migrations "github.com/duroxide-pg/migrations/sql"
 )
 
 // One throwaway server for the package's tests, started on first use and

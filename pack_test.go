@@ -1,4 +1,4 @@
-package sql_test
+package migrations_test
 
 import (
 	"fmt"
@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	migrations "github.com/duroxide-pg/migrations/sql"
+	migrations "github.com/duroxide-pg/migrations"
 )
 
 func TestEveryFileIsAPortOrAFixAndVersionsAreContiguous(t *testing.T) {

@@ -1,4 +1,4 @@
-package sql
+package migrations
 
 import (
 	"crypto/md5"
