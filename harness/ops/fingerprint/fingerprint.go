@@ -3,7 +3,7 @@
 // upstream version; the pack's port of it; or the pack's fix), by the md5
 // of its source. Upstream's fingerprints are data (upstream/vNNNN.json, read
 // off schemas made by upstream's own runner); the pack's come from the
-// pack's files themselves (sql.Pack), so nothing here is written by hand.
+// pack's files themselves (migrations.Pack), so nothing here is written by hand.
 package fingerprint
 
 import (

@@ -12,7 +12,7 @@ import (
 )
 
 // The worker scenario: the worker queue's fetch+ack cycle before the pack's
-// worker fixes and after them (sql.WorkerFix), with and without sessions,
+// worker fixes and after them (migrations.WorkerFix), with and without sessions,
 // at each of Config.WorkerDispatchers workers (package worker, one runtime,
 // no activity time, no clock skew, the backlog kept at Config.WorkerItems
 // items). Rounds alternate before, after, like the other scenarios.
