@@ -36,7 +36,7 @@ worker-waits: ## run the 16-fetcher worker test RUNS times (default 200) on a se
 	scripts/worker-lock-waits.sh $(or $(RUNS),200)
 
 fuzz: ## fuzz the fault scenarios against the invariants: make fuzz [FUZZTIME=10m]
-	$(GO) test -run '^$$' -fuzz '^FuzzInvariants$$' -fuzztime $(FUZZTIME) -parallel 2 -timeout 0 ./harness/sim/faults
+	$(GO) test -run '^$$' -fuzz '^FuzzInvariants$$' -fuzztime $(FUZZTIME) -parallel 2 -timeout 0 ./internal/sim/faults
 
 soak: ## all faults mixed for 5 minutes, exit 1 on any invariant violation
 	$(HARNESS) soak --duration 5m

@@ -28,9 +28,9 @@ import (
 	"github.com/duroxide-pg/migrations/harness/ops/doctor"
 	"github.com/duroxide-pg/migrations/harness/ops/fingerprint"
 	"github.com/duroxide-pg/migrations/harness/ops/migrate"
-	"github.com/duroxide-pg/migrations/harness/sim/orch"
-	"github.com/duroxide-pg/migrations/harness/sim/repro"
-	"github.com/duroxide-pg/migrations/harness/testenv/testdb"
+	"github.com/duroxide-pg/migrations/internal/sim/orch"
+	"github.com/duroxide-pg/migrations/internal/sim/repro"
+	"github.com/duroxide-pg/migrations/internal/testenv/testdb"
 )
 
 // noGoose stands for "no goose version table".

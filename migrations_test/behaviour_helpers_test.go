@@ -21,7 +21,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	migrations "github.com/duroxide-pg/migrations"
-	"github.com/duroxide-pg/migrations/harness/testenv/testdb"
+	"github.com/duroxide-pg/migrations/internal/testenv/testdb"
 )
 
 const (

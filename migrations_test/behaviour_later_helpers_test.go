@@ -16,7 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	migrations "github.com/duroxide-pg/migrations"
-	"github.com/duroxide-pg/migrations/harness/testenv/upstream"
+	"github.com/duroxide-pg/migrations/internal/testenv/upstream"
 )
 
 // upstreamLevel is the newest upstream version the real provider applies:

@@ -22,8 +22,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/duroxide-pg/migrations/harness/testenv/testdb"
-	"github.com/duroxide-pg/migrations/harness/testenv/upstream"
+	"github.com/duroxide-pg/migrations/internal/testenv/testdb"
+	"github.com/duroxide-pg/migrations/internal/testenv/upstream"
 )
 
 // docBlock is one ```sh block of a document.
@@ -92,7 +92,7 @@ var docSpecs = map[string]docSpec{
 	"psql \"$DSN\" -c 'CREATE SCHEMA IF NOT EXISTS duroxide'":                          {state: fresh},
 	// docs/BENCH.md, docs/MATRIX.md
 	"make bench                                   # = harness bench --report docs/bench": {
-		state: notRun, why: "a full bench takes 8 minutes and rewrites docs/bench/; its scenarios run at small sizes in harness/sim/bench's tests"},
+		state: notRun, why: "a full bench takes 8 minutes and rewrites docs/bench/; its scenarios run at small sizes in internal/sim/bench's tests"},
 	"scripts/pg-matrix.sh                 # 14 15 16 17 18, full suite": {
 		state: notRun, why: ".ci/run runs it (make matrix, MATRIX_TESTS=pack on 14, 16, 17, 18); the full matrix is five runs of the suite"},
 	"PG_BIN=/var/cache/duroxide-pg-migrations/pg/16/current/bin go test ./...": {

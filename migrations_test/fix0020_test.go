@@ -14,9 +14,9 @@ import (
 
 	migrations "github.com/duroxide-pg/migrations"
 	"github.com/duroxide-pg/migrations/harness/ops/catalog"
-	"github.com/duroxide-pg/migrations/harness/sim/orch"
-	"github.com/duroxide-pg/migrations/harness/sim/repro"
-	"github.com/duroxide-pg/migrations/harness/testenv/testdb"
+	"github.com/duroxide-pg/migrations/internal/sim/orch"
+	"github.com/duroxide-pg/migrations/internal/sim/repro"
+	"github.com/duroxide-pg/migrations/internal/testenv/testdb"
 )
 
 // unfixed and fixVersion are the pack's fix of fetch_orchestration_item and

@@ -9,7 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/duroxide-pg/migrations/harness/sim/orch"
+	"github.com/duroxide-pg/migrations/internal/sim/orch"
 )
 
 // An ack that has checked its lease, then waits (here: on a history row

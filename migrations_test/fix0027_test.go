@@ -20,8 +20,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	migrations "github.com/duroxide-pg/migrations"
-	"github.com/duroxide-pg/migrations/harness/sim/orch"
-	"github.com/duroxide-pg/migrations/harness/testenv/testdb"
+	"github.com/duroxide-pg/migrations/internal/sim/orch"
+	"github.com/duroxide-pg/migrations/internal/testenv/testdb"
 )
 
 // scaleFix is the pack's latest fix of fetch_orchestration_item (the one

@@ -7,8 +7,8 @@ import (
 	"os"
 	"testing"
 
-	"github.com/duroxide-pg/migrations/harness/testenv/pgtest"
-	"github.com/duroxide-pg/migrations/harness/testenv/testdb"
+	"github.com/duroxide-pg/migrations/internal/testenv/pgtest"
+	"github.com/duroxide-pg/migrations/internal/testenv/testdb"
 )
 
 // dbs hands out per-test databases on the one server this test binary uses.

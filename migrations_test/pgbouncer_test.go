@@ -9,7 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/duroxide-pg/migrations/harness/ops/migrate"
-	"github.com/duroxide-pg/migrations/harness/testenv/pgtest"
+	"github.com/duroxide-pg/migrations/internal/testenv/pgtest"
 )
 
 // goose's session lock, and the search_path the migrations run under, do

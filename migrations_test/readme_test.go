@@ -12,7 +12,8 @@ import (
 )
 
 // TestReadmeLayoutListsEveryPackage: README's layout table has a row for
-// every Go package under harness/, so a newcomer can find what each is for.
+// every Go package under harness/ and internal/, so a newcomer can find what
+// each is for.
 func TestReadmeLayoutListsEveryPackage(t *testing.T) {
 	readme, err := os.ReadFile("../README.md")
 	require.NoError(t, err)
@@ -24,13 +25,15 @@ func TestReadmeLayoutListsEveryPackage(t *testing.T) {
 		layout = layout[:end+1]
 	}
 	packages := map[string]bool{}
-	require.NoError(t, filepath.WalkDir("../harness", func(path string, d fs.DirEntry, err error) error {
-		if err != nil || d.IsDir() || !strings.HasSuffix(path, ".go") {
-			return err
-		}
-		packages[filepath.ToSlash(filepath.Dir(strings.TrimPrefix(path, "../")))] = true
-		return nil
-	}))
+	for _, tree := range []string{"../harness", "../internal"} {
+		require.NoError(t, filepath.WalkDir(tree, func(path string, d fs.DirEntry, err error) error {
+			if err != nil || d.IsDir() || !strings.HasSuffix(path, ".go") {
+				return err
+			}
+			packages[filepath.ToSlash(filepath.Dir(strings.TrimPrefix(path, "../")))] = true
+			return nil
+		}))
+	}
 	require.NotEmpty(t, packages)
 	for pkg := range packages {
 		require.Contains(t, layout, "`"+pkg+"`", "README's layout table has no row for %s", pkg)

@@ -15,9 +15,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	migrations "github.com/duroxide-pg/migrations"
-	"github.com/duroxide-pg/migrations/harness/cli"
 	"github.com/duroxide-pg/migrations/harness/ops/migrate"
-	"github.com/duroxide-pg/migrations/harness/testenv/upstream"
+	"github.com/duroxide-pg/migrations/internal/cli"
+	"github.com/duroxide-pg/migrations/internal/testenv/upstream"
 )
 
 // catalogSnapshot is every schema, relation and function outside the

@@ -22,11 +22,11 @@ import (
 	"github.com/stretchr/testify/require"
 
 	migrations "github.com/duroxide-pg/migrations"
-	"github.com/duroxide-pg/migrations/harness/cli"
 	"github.com/duroxide-pg/migrations/harness/ops/migrate"
-	"github.com/duroxide-pg/migrations/harness/sim/orch"
-	"github.com/duroxide-pg/migrations/harness/testenv/pgtest"
-	"github.com/duroxide-pg/migrations/harness/testenv/upstream"
+	"github.com/duroxide-pg/migrations/internal/cli"
+	"github.com/duroxide-pg/migrations/internal/sim/orch"
+	"github.com/duroxide-pg/migrations/internal/testenv/pgtest"
+	"github.com/duroxide-pg/migrations/internal/testenv/upstream"
 )
 
 // leastPrivilegeGrants is docs/OPERATIONS.md's setup, for schema duroxide,

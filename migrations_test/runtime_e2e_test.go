@@ -19,7 +19,7 @@ import (
 	"github.com/duroxide-pg/migrations/harness/ops/baseline"
 	"github.com/duroxide-pg/migrations/harness/ops/doctor"
 	"github.com/duroxide-pg/migrations/harness/ops/migrate"
-	"github.com/duroxide-pg/migrations/harness/testenv/upstream"
+	"github.com/duroxide-pg/migrations/internal/testenv/upstream"
 )
 
 // runtimeScenario is one end-to-end scenario and what the client must see.

@@ -20,7 +20,7 @@ import (
 	"github.com/duroxide-pg/migrations/harness/ops/catalog"
 	"github.com/duroxide-pg/migrations/harness/ops/migrate"
 	"github.com/duroxide-pg/migrations/harness/ops/sqlscript"
-	"github.com/duroxide-pg/migrations/harness/testenv/testdb"
+	"github.com/duroxide-pg/migrations/internal/testenv/testdb"
 )
 
 // psqlPath finds a psql client: PG_BIN, PATH, then Debian's versioned

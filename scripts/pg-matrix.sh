@@ -43,7 +43,7 @@ else
 fi
 
 # The account the local backend runs the server as (same rule as
-# harness/testenv/pgtest/local.go): as root, postgres when it exists, else nobody.
+# internal/testenv/pgtest/local.go): as root, postgres when it exists, else nobody.
 server_user() {
   if [ "$(id -u)" != 0 ]; then id -un; return; fi
   if id postgres >/dev/null 2>&1; then echo postgres; elif id nobody >/dev/null 2>&1; then echo nobody; else return 1; fi

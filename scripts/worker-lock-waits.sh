@@ -25,7 +25,7 @@ deadline=""
 if [ -n "${DEADLINE:-}" ]; then deadline="$(date -d "$DEADLINE" +%s)" || exit 2; fi
 test_re="${TEST:-^TestSixteenWorkersAtTheFixCompleteEveryItemExactlyOnce$}"
 
-go test -c -o "$out/worker.test" ./harness/sim/worker/ || exit 2
+go test -c -o "$out/worker.test" ./internal/sim/worker/ || exit 2
 
 dir="$(mktemp -d /tmp/worker-lock-waits.XXXXXX)"
 as=()

@@ -6,7 +6,7 @@ import (
 	"context"
 	"os"
 
-	"github.com/duroxide-pg/migrations/harness/cli"
+	"github.com/duroxide-pg/migrations/internal/cli"
 )
 
 func main() {

@@ -20,8 +20,8 @@ import (
 	"github.com/duroxide-pg/migrations/harness/ops/baseline"
 	"github.com/duroxide-pg/migrations/harness/ops/catalog"
 	"github.com/duroxide-pg/migrations/harness/ops/migrate"
-	"github.com/duroxide-pg/migrations/harness/testenv/pgtest"
-	"github.com/duroxide-pg/migrations/harness/testenv/testdb"
+	"github.com/duroxide-pg/migrations/internal/testenv/pgtest"
+	"github.com/duroxide-pg/migrations/internal/testenv/testdb"
 )
 
 var dbs *testdb.Pool

@@ -1,0 +1,95 @@
+package cli
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+
+	"github.com/duroxide-pg/migrations/harness/ops/baseline"
+	"github.com/duroxide-pg/migrations/harness/ops/migrate"
+	"github.com/duroxide-pg/migrations/internal/testenv/pgtest"
+)
+
+// runBaseline adopts a database created by duroxide-pg's own runner: see
+// package baseline.
+func runBaseline(ctx context.Context, env *Env, args []string) error {
+	fs := newFlags(env, "baseline")
+	var t target
+	t.register(fs)
+	dryRun := fs.Bool("dry-run", false, "check and print what would be done; change nothing")
+	force := fs.Bool("force", false, "proceed past what baseline cannot vouch for (unknown function bodies, newer upstream rows, a disagreeing goose table) and list it")
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 0 {
+		return usagef("baseline takes no arguments, got %q (e.g. `harness baseline --dsn DSN --schema duroxide --dry-run`)", pos[0])
+	}
+	if err := t.resolve(); err != nil {
+		return err
+	}
+	db, err := t.connect(ctx)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	if !*dryRun {
+		// baseline writes goose's table: it must belong to the owner of the
+		// rest, as what migrate up creates later will.
+		if err := migrate.CheckOwner(ctx, db, t.schema); err != nil {
+			return failure{msg: "baseline refused: " + err.Error()}
+		}
+	}
+	res, err := baseline.Run(ctx, db, baseline.Options{
+		Schema:       t.schema,
+		VersionTable: t.cfg.VersionTable,
+		DryRun:       *dryRun,
+		Force:        *force,
+	})
+	var refusal *baseline.Refusal
+	if errors.As(err, &refusal) {
+		fmt.Fprintln(env.Stdout, "baseline refused: "+refusal.Error())
+		return failure{msg: "baseline refused: " + refusal.Reason}
+	}
+	if err != nil {
+		return failure{msg: "baseline: " + pgErrText(err)}
+	}
+	fmt.Fprintf(env.Stdout, "schema %s:\n", res.Schema)
+	for _, l := range res.Lines {
+		fmt.Fprintln(env.Stdout, "  "+l)
+	}
+	if len(res.Unvouched) > 0 {
+		fmt.Fprintln(env.Stdout, "--force: proceeded without vouching for:")
+		for _, u := range res.Unvouched {
+			fmt.Fprintln(env.Stdout, "  "+u)
+		}
+	}
+	if len(res.Plan) > 0 {
+		fmt.Fprintf(env.Stdout, "then `harness migrate up --schema %s` would:\n", res.Schema)
+		for _, p := range res.Plan {
+			fmt.Fprintln(env.Stdout, "  "+p)
+		}
+	}
+	switch {
+	case res.DryRun && res.Changed:
+		fmt.Fprintf(env.Stdout, "run again without --dry-run to record goose versions 1..%d\n", res.Baseline)
+	case res.Changed:
+		fmt.Fprintf(env.Stdout, "baselined at goose version %d (upstream %d)\n", res.Baseline, res.State)
+	}
+	return nil
+}
+
+// connect opens a pool on t's database with search_path = the target
+// schema, without creating anything; connection failures are bad input.
+func (t *target) connect(ctx context.Context) (*sql.DB, error) {
+	db, err := migrate.OpenDB(t.dsn, t.schema, t.role)
+	if err != nil {
+		return nil, usagef("bad DSN %s: %v", pgtest.Redact(t.dsn), oneLine(err.Error()))
+	}
+	if err := db.PingContext(ctx); err != nil {
+		db.Close()
+		return nil, unreachableError{usageError{fmt.Sprintf("cannot use %s: %s; check the DSN and that the server runs", pgtest.Redact(t.dsn), oneLine(pgErrText(err)))}}
+	}
+	return db, nil
+}

@@ -1,0 +1,200 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/duroxide-pg/migrations/internal/sim/bench"
+	"github.com/duroxide-pg/migrations/internal/testenv/pgtest"
+)
+
+// benchSummary is the line of `harness help` for the bench command (the
+// versions compared are in `harness bench -h`, read from the pack).
+const benchSummary = "speed before and after the pack's fixes, side by side in one run: bench [--rounds 3] [--duration 2.5s] [--scenarios backlog,hot,queue-only,migrate,worker,scale,runtime] [--scale-blocked 1000,10000,100000] [--json FILE] [--report DIR] [--dsn DSN]"
+
+// runBench is `harness bench`: every scenario of package bench, rounds
+// alternating the versions before and after the fix of
+// fetch_orchestration_item (the worker scenario: before and after the
+// worker fixes), on a throwaway server (or --dsn), a table of medians and
+// ratios on stdout, a progress line on stderr.
+func runBench(ctx context.Context, env *Env, args []string) error {
+	def := bench.Defaults()
+	fs := newFlags(env, "bench")
+	dsn := fs.String("dsn", "", "use this existing server (a database is created and dropped) instead of a throwaway one")
+	rounds := fs.Int("rounds", def.Rounds, "rounds per cell and version (at least 3)")
+	duration := fs.Duration("duration", def.Duration, "run time of one cell, per version and round")
+	bug, fix := bench.Versions()
+	wbug, wfix := bench.WorkerVersions()
+	sbefore, safter := bench.ScaleVersions()
+	rprev, rlatest := bench.RuntimeVersions()
+	scenarios := fs.String("scenarios", strings.Join(def.Scenarios, ","), fmt.Sprintf(
+		"scenarios to run: backlog, hot, queue-only, migrate (schema %d against %d), worker (schema %d against %d), scale (schema %d against %d), runtime (the real runtime: upstream's schema against %d and %d)",
+		bug, fix, wbug, wfix, sbefore, safter, rprev, rlatest))
+	hotLock := fs.Duration("hot-lock-timeout", def.HotLockTimeout, "hot scenario's lock timeout; 0: calibrated at start like the organic repro")
+	scaleBlocked := fs.String("scale-blocked", joinInts(def.ScaleBlocked), "scale: blocked message counts K, comma-separated")
+	scaleCompleted := fs.String("scale-completed", joinInts(def.ScaleCompleted), "scale: completed instance counts, comma-separated")
+	scaleCalls := fs.Int("scale-calls", def.ScaleCalls, "scale: fetch calls per figure on one session (at least 7)")
+	scaleIdle := fs.Int("scale-idle-dispatchers", def.ScaleIdleDispatchers, "scale: idle dispatchers polling at the largest K")
+	scaleIdleFor := fs.Duration("scale-idle-duration", def.ScaleIdleDuration, "scale: how long the idle dispatchers poll, per version and round")
+	jsonFile := fs.String("json", "", "write the result as JSON to this file")
+	reportDir := fs.String("report", "", "write report.md, throughput.svg and bench.json into this directory")
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) > 0 {
+		return usagef("harness bench takes no arguments, got %q (run `harness bench -h`)", pos[0])
+	}
+	if *rounds < 3 {
+		return usagef("--rounds %d: at least 3 rounds, so that medians mean something", *rounds)
+	}
+	if *duration < 100*time.Millisecond || *duration > 10*time.Minute {
+		return usagef("--duration %v: give a cell duration between 100ms and 10m, e.g. 2.5s", *duration)
+	}
+	cfg := def
+	cfg.Rounds, cfg.Duration, cfg.Scenarios = *rounds, *duration, nil
+	if *hotLock < 0 || *scaleCalls < 1 || *scaleIdle < 1 || *scaleIdleFor < 100*time.Millisecond {
+		return usagef("--hot-lock-timeout >= 0, --scale-calls and --scale-idle-dispatchers >= 1, --scale-idle-duration >= 100ms")
+	}
+	cfg.HotLockTimeout, cfg.ScaleCalls, cfg.ScaleIdleDispatchers, cfg.ScaleIdleDuration = *hotLock, *scaleCalls, *scaleIdle, *scaleIdleFor
+	if cfg.ScaleBlocked, err = parseInts("--scale-blocked", *scaleBlocked); err != nil {
+		return err
+	}
+	if cfg.ScaleCompleted, err = parseInts("--scale-completed", *scaleCompleted); err != nil {
+		return err
+	}
+	for _, s := range strings.Split(*scenarios, ",") {
+		s = strings.ReplaceAll(strings.TrimSpace(s), "-", "_")
+		if s == "" {
+			continue
+		}
+		cfg.Scenarios = append(cfg.Scenarios, s)
+	}
+	if len(cfg.Scenarios) == 0 {
+		return usagef("--scenarios is empty: name some of backlog, hot, queue-only, migrate, worker, scale, runtime")
+	}
+	if err := cfg.Validate(); err != nil {
+		return usagef("%v", err)
+	}
+
+	// A throwaway server loads pg_stat_statements for the runtime
+	// scenario's per-function figures (an existing one is taken as it is).
+	opts := pgtest.OptionsFromEnv()
+	if *dsn != "" {
+		opts.Backend, opts.DSN = pgtest.DSN, *dsn
+	}
+	opts.Preload = []string{"pg_stat_statements"}
+	srv, err := obtainServerWith(ctx, opts)
+	if err != nil {
+		return err
+	}
+	defer srv.Close(context.Background())
+
+	bar := newProgressBar(env.Stderr)
+	res, err := bench.Run(ctx, srv, cfg, bar.update)
+	bar.done()
+	if err != nil {
+		return err
+	}
+	if err := bench.PrintTable(env.Stdout, &res); err != nil {
+		return err
+	}
+	if *reportDir != "" {
+		if err := bench.WriteReport(*reportDir, &res); err != nil {
+			return fmt.Errorf("write report: %w", err)
+		}
+		fmt.Fprintf(env.Stderr, "harness: report written to %s\n", filepath.Join(*reportDir, bench.ReportFile))
+	}
+	if *jsonFile != "" {
+		if err := bench.WriteJSON(*jsonFile, &res); err != nil {
+			return fmt.Errorf("write %s: %w", *jsonFile, err)
+		}
+	}
+	return nil
+}
+
+// joinInts writes ns comma-separated.
+func joinInts(ns []int) string {
+	s := make([]string, len(ns))
+	for i, n := range ns {
+		s[i] = strconv.Itoa(n)
+	}
+	return strings.Join(s, ",")
+}
+
+// parseInts reads the comma-separated counts of flag (at least one, none
+// negative).
+func parseInts(flag, v string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(v, ",") {
+		f = strings.TrimSpace(f)
+		if f == "" {
+			continue
+		}
+		n, err := strconv.Atoi(f)
+		if err != nil || n < 0 {
+			return nil, usagef("%s %q: give comma-separated counts, e.g. 1000,10000", flag, v)
+		}
+		out = append(out, n)
+	}
+	if len(out) == 0 {
+		return nil, usagef("%s is empty: give comma-separated counts, e.g. 1000,10000", flag)
+	}
+	return out, nil
+}
+
+// progressBar draws one line on a terminal (rewritten in place) or one
+// line per step elsewhere (CI logs).
+type progressBar struct {
+	w    io.Writer
+	tty  bool
+	last int
+}
+
+func newProgressBar(w io.Writer) *progressBar {
+	tty := false
+	if f, ok := w.(*os.File); ok {
+		if st, err := f.Stat(); err == nil && st.Mode()&os.ModeCharDevice != 0 {
+			tty = true
+		}
+	}
+	return &progressBar{w: w, tty: tty}
+}
+
+func (p *progressBar) update(pr bench.Progress) {
+	const width = 24
+	filled := 0
+	if pr.Steps > 0 {
+		filled = width * max(pr.Step-1, 0) / pr.Steps
+	}
+	eta := ""
+	if pr.Step > 1 && pr.Steps > 0 {
+		left := time.Duration(float64(pr.Elapsed) / float64(pr.Step-1) * float64(pr.Steps-pr.Step+1))
+		eta = fmt.Sprintf(", ~%v left", left.Round(time.Second))
+	}
+	round := ""
+	if pr.Round > 0 {
+		round = fmt.Sprintf("round %d/%d ", pr.Round, pr.Rounds)
+	}
+	line := fmt.Sprintf("bench [%s%s] %d/%d %s%s (%v%s)", strings.Repeat("#", filled), strings.Repeat(".", width-filled),
+		pr.Step, pr.Steps, round, pr.Label, pr.Elapsed.Round(time.Second), eta)
+	if p.tty {
+		pad := max(p.last-len(line), 0)
+		fmt.Fprintf(p.w, "\r%s%s", line, strings.Repeat(" ", pad))
+		p.last = len(line)
+		return
+	}
+	fmt.Fprintln(p.w, line)
+}
+
+func (p *progressBar) done() {
+	if p.tty && p.last > 0 {
+		fmt.Fprintln(p.w)
+	}
+}

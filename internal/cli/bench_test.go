@@ -1,0 +1,98 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/duroxide-pg/migrations/internal/sim/bench"
+)
+
+func TestBenchUsageErrors(t *testing.T) {
+	for _, args := range [][]string{
+		{"--rounds", "2"},
+		{"--duration", "1ms"},
+		{"--scenarios", "nope"},
+		{"--scenarios", ","},
+		{"extra"},
+		{"--bogus"},
+		{"--scale-blocked", "1k"},
+		{"--scale-blocked", ""},
+		{"--scale-blocked", "0"},
+		{"--scale-completed", "-1"},
+		{"--scale-calls", "3"},
+		{"--scale-idle-dispatchers", "0"},
+		{"--scale-idle-duration", "1ms"},
+		{"--hot-lock-timeout", "-1s"},
+	} {
+		var out, errOut bytes.Buffer
+		env := &Env{Stdout: &out, Stderr: &errOut}
+		code := report(env, runBench(context.Background(), env, args))
+		require.Equal(t, ExitUsage, code, "%v", args)
+		require.Equal(t, 1, strings.Count(errOut.String(), "\n"), "one line for %v: %q", args, errOut.String())
+	}
+}
+
+func TestBenchHelp(t *testing.T) {
+	var out bytes.Buffer
+	env := &Env{Stdout: &out, Stderr: &out}
+	err := runBench(context.Background(), env, []string{"-h"})
+	require.True(t, errors.Is(err, flag.ErrHelp))
+	require.Contains(t, out.String(), "-rounds")
+	bug, fix := bench.Versions()
+	wbug, wfix := bench.WorkerVersions()
+	require.Contains(t, out.String(), fmt.Sprintf("migrate (schema %d against %d), worker (schema %d against %d)", bug, fix, wbug, wfix),
+		"the help names the versions compared, read from the pack")
+	require.Contains(t, benchSummary, "bench")
+	before, after := bench.ScaleVersions()
+	require.Contains(t, out.String(), fmt.Sprintf("scale (schema %d against %d)", before, after),
+		"the scale scenario names its versions too: before the first fetch fix and the pack's latest")
+	for _, flag := range []string{"-scale-blocked", "-scale-completed", "-scale-calls", "-scale-idle-dispatchers", "-scale-idle-duration", "-hot-lock-timeout"} {
+		require.Contains(t, out.String(), flag)
+	}
+}
+
+func TestBenchParsesCountLists(t *testing.T) {
+	ns, err := parseInts("--scale-blocked", " 1000, 10000 ,100000,")
+	require.NoError(t, err)
+	require.Equal(t, []int{1000, 10000, 100000}, ns)
+	require.Equal(t, "0,10000,100000", joinInts([]int{0, 10000, 100000}))
+}
+
+func TestBenchProgressLine(t *testing.T) {
+	var out bytes.Buffer
+	p := newProgressBar(&out)
+	p.update(bench.Progress{Step: 1, Steps: 4, Round: 1, Rounds: 3, Label: "backlog N=1 before", Elapsed: time.Second})
+	p.update(bench.Progress{Step: 3, Steps: 4, Round: 1, Rounds: 3, Label: "backlog N=1 after", Elapsed: 4 * time.Second})
+	p.done()
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	require.Len(t, lines, 2, "not a terminal: one line per step")
+	require.Contains(t, lines[0], "1/4 round 1/3 backlog N=1 before")
+	require.Contains(t, lines[1], "[############............]")
+	require.Contains(t, lines[1], "~4s left")
+}
+
+func TestBenchScaleAtTinySizesPrintsTheScaleTableAndTargets(t *testing.T) {
+	dir := t.TempDir()
+	code, stdout, stderr := runCmd(t, runBench, "--scenarios", "scale", "--scale-blocked", "10,100", "--scale-completed", "0,20",
+		"--scale-calls", "7", "--scale-idle-dispatchers", "2", "--scale-idle-duration", "200ms", "--report", dir)
+	require.Equal(t, ExitOK, code, "stdout:\n%s\nstderr:\n%s", stdout, stderr)
+	before, after := bench.ScaleVersions()
+	for _, want := range []string{fmt.Sprintf("before (schema %d, before the first fetch fix) and after (schema %d, the pack's latest)", before, after),
+		"spread K=100", "fan_in K=10", "idle N=2 K=100", "completed C=20", "one-row fetch, steady", "server CPU per second",
+		"scale spread: one-row fetch at K=100 within 2x of K=10 (after)", "scale: fetch and cycle cost flat from 0 to 20 completed instances (after)"} {
+		require.Contains(t, stdout, want)
+	}
+	require.NotContains(t, stdout, "backlog N=8", "only the scale scenario's targets when only it ran")
+	for _, f := range []string{bench.ReportFile, bench.ScaleFile, bench.JSONFile} {
+		require.FileExists(t, filepath.Join(dir, f))
+	}
+}

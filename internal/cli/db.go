@@ -1,0 +1,50 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"os/signal"
+	"syscall"
+
+	"github.com/duroxide-pg/migrations/harness/ops/migrate"
+	"github.com/duroxide-pg/migrations/internal/testenv/pgtest"
+)
+
+func runDB(ctx context.Context, env *Env, args []string) error {
+	fs := newFlags(env, "db")
+	backend := fs.String("backend", "", "auto, local, dsn or docker (default $HARNESS_BACKEND, else auto)")
+	migrateTo := fs.Int64("migrate", 0, "also apply migrations up to this version into schema duroxide (0: none)")
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 1 || pos[0] != "start" {
+		return usagef("usage: harness db start [--backend auto|local|dsn|docker] [--migrate N]")
+	}
+	opts := pgtest.OptionsFromEnv()
+	if *backend != "" {
+		opts.Backend = pgtest.Backend(*backend)
+	}
+	switch opts.Backend {
+	case "", pgtest.Auto, pgtest.Local, pgtest.DSN, pgtest.Docker:
+	default:
+		return usagef("unknown backend %q: use auto, local, dsn or docker", opts.Backend)
+	}
+	opts.Logf = func(f string, a ...any) { fmt.Fprintf(env.Stderr, f+"\n", a...) }
+	srv, err := obtainServerWith(ctx, opts)
+	if err != nil {
+		return err
+	}
+	defer srv.Close(context.Background())
+	dsn, err := migratedDatabase(ctx, srv, "harness_", migrate.DefaultSchema, *migrateTo)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(env.Stderr, "harness: %s database ready; Ctrl-C stops it and removes everything\n", srv.Backend())
+	fmt.Fprintln(env.Stdout, dsn)
+	waitCtx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	<-waitCtx.Done()
+	fmt.Fprintln(env.Stderr, "harness: stopping")
+	return nil
+}

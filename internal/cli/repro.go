@@ -1,0 +1,268 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	migrations "github.com/duroxide-pg/migrations"
+	"github.com/duroxide-pg/migrations/harness/ops/migrate"
+	"github.com/duroxide-pg/migrations/internal/sim/dispatch"
+	"github.com/duroxide-pg/migrations/internal/sim/repro"
+	"github.com/duroxide-pg/migrations/internal/testenv/pgtest"
+	"github.com/duroxide-pg/migrations/internal/testenv/upstream"
+)
+
+// reproSetup is one throwaway database with one schema per version.
+type reproSetup struct {
+	srv     *pgtest.Server
+	name    string
+	dsn     string
+	schemas map[int64]string
+}
+
+// setupRepro starts (or borrows, with dsn) a server, creates a database and
+// migrates schema duroxide_v<N> to N for every version.
+func setupRepro(ctx context.Context, env *Env, dsn string, versions []int64) (*reproSetup, error) {
+	srv, err := obtainServer(ctx, dsn)
+	if err != nil {
+		return nil, err
+	}
+	name, err := srv.CreateDatabase(ctx, "harness_repro_", "")
+	if err != nil {
+		srv.Close(context.Background())
+		return nil, err
+	}
+	s := &reproSetup{srv: srv, name: name, dsn: srv.DSN(name), schemas: map[int64]string{}}
+	for _, v := range versions {
+		schema := fmt.Sprintf("duroxide_v%d", v)
+		if err := migrate.To(ctx, s.dsn, schema, v); err != nil {
+			s.close()
+			return nil, err
+		}
+		s.schemas[v] = schema
+	}
+	fmt.Fprintf(env.Stderr, "harness: %s database, schemas %v\n", srv.Backend(), s.schemas)
+	return s, nil
+}
+
+func (s *reproSetup) close() { _ = s.srv.Close(context.Background()) }
+
+// reproUsage is the repro command's synopsis.
+const reproUsage = "usage: harness repro [minimal|organic|worker-minimal|worker|runtime|all] [--versions BUG,FIX] [--worker-versions BUG,FIX] [--json FILE] [--report DIR] [--dsn DSN]"
+
+// reproKinds are the repros, in the order `all` runs them.
+func reproKinds() []string { return repro.Kinds() }
+
+func runRepro(ctx context.Context, env *Env, args []string) error {
+	fs := newFlags(env, "repro")
+	dsn := fs.String("dsn", "", "use this existing server (a database is created and dropped) instead of a throwaway one")
+	bug, fix := repro.Versions()
+	pair := fmt.Sprintf("%d,%d", bug, fix)
+	versionsFlag := fs.String("versions", pair, "schema versions to compare: the buggy one, then the fixed one")
+	jsonFile := fs.String("json", "", "write the figures as JSON to this file")
+	reportDir := fs.String("report", "", "write a Markdown report (with a histogram of remaining lease) into this directory")
+	def := repro.OrganicDefaults()
+	dispatchers := fs.Int("dispatchers", def.Dispatchers, "organic: simulated dispatchers, each with its own connection")
+	instances := fs.Int("instances", def.Instances, "organic: hot instances")
+	history := fs.Int("history", def.HistoryEvents, "organic: history events per instance")
+	eventBytes := fs.Int("event-bytes", def.EventBytes, "organic: approximate size of one history event")
+	lockTimeout := fs.Duration("lock-timeout", def.LockTimeout, fmt.Sprintf("organic: orchestrator lock timeout (0: %g x one uncontended fetch, measured now)", repro.LockTimeoutFactor))
+	poll := fs.Duration("poll", def.PollInterval, "organic: minimum poll interval")
+	turn := fs.Duration("turn", def.TurnTime, "organic: simulated turn time")
+	duration := fs.Duration("duration", def.Duration, "organic: run time per version")
+	skew := fs.Duration("skew", def.Skew, "organic: spread the dispatchers' clocks over [-skew, +skew]")
+	bouncer := fs.String("pgbouncer", "", "organic: the dispatchers connect through a PgBouncer started next to the server, in this pool mode (transaction, session or statement)")
+	wbug, wfix := repro.WorkerVersions()
+	workerPair := fmt.Sprintf("%d,%d", wbug, wfix)
+	workerVersionsFlag := fs.String("worker-versions", workerPair, "worker-minimal: schema versions to compare, the buggy one then the fixed one")
+	wdef := repro.WorkerDefaults()
+	workerRuntimes := fs.Int("worker-runtimes", wdef.Runtimes, "worker: simulated runtimes, each with its own clock")
+	workerSlots := fs.Int("worker-slots", wdef.Slots, "worker: worker slots per runtime, each with its own connection")
+	workerDuration := fs.Duration("worker-duration", wdef.Duration, "worker: run time per version")
+	workerLockTimeout := fs.Duration("worker-lock-timeout", wdef.LockTimeout, fmt.Sprintf("worker: worker lock timeout, whole seconds (0: calibrated, at least %v)", repro.WorkerMinLockTimeout))
+	rdef := repro.RuntimeDefaults()
+	runtimeHold := fs.Duration("runtime-hold", rdef.Hold, fmt.Sprintf("runtime: how long another session holds the instance's advisory key each time (above the runtime's %v lock timeout)", repro.RuntimeLockTimeout))
+	runtimeHolds := fs.Int("runtime-holds", rdef.Holds, "runtime: how many times it holds the key (11 passes the runtime's poison threshold)")
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	which := "all"
+	if len(pos) > 1 {
+		return usagef("%s", reproUsage)
+	}
+	if len(pos) == 1 {
+		which = pos[0]
+	}
+	runs := map[string]bool{}
+	for _, k := range reproKinds() {
+		runs[k] = which == k || which == "all"
+	}
+	if which != "all" && !runs[which] {
+		return usagef("unknown repro %q: use minimal, organic, worker-minimal, worker, runtime or all", which)
+	}
+	runtimeCfg := repro.RuntimeConfig{Hold: *runtimeHold, Holds: *runtimeHolds}
+	if err := runtimeCfg.Validate(); err != nil {
+		return usagef("%v", err)
+	}
+	var provider *upstream.Provider
+	if runs["runtime"] {
+		if provider, err = upstream.Find(); err != nil {
+			return fmt.Errorf("runtime repro: %w", err)
+		}
+	}
+	versions, err := parseVersions(*versionsFlag)
+	if err != nil {
+		return err
+	}
+	workerVersions, err := parseVersions(*workerVersionsFlag)
+	if err != nil {
+		return err
+	}
+	if *workerRuntimes < 1 || *workerSlots < 1 || *workerDuration <= 0 || *workerLockTimeout < 0 || *workerLockTimeout%time.Second != 0 {
+		return usagef("worker settings out of range: worker-runtimes, worker-slots >= 1; worker-duration > 0; worker-lock-timeout 0 or whole seconds")
+	}
+	if runs["worker"] && (*workerVersionsFlag != workerPair) {
+		return usagef("the worker repro compares versions %d and %d only; drop --worker-versions or use `repro worker-minimal`", wbug, wfix)
+	}
+	workerCfg := wdef
+	workerCfg.Runtimes, workerCfg.Slots, workerCfg.Duration, workerCfg.LockTimeout = *workerRuntimes, *workerSlots, *workerDuration, *workerLockTimeout
+	organicCfg := def
+	organicCfg.Dispatchers, organicCfg.Instances, organicCfg.HistoryEvents, organicCfg.EventBytes = *dispatchers, *instances, *history, *eventBytes
+	organicCfg.LockTimeout, organicCfg.PollInterval, organicCfg.TurnTime, organicCfg.Duration, organicCfg.Skew = *lockTimeout, *poll, *turn, *duration, *skew
+	if *dispatchers < 1 || *instances < 1 || *history < 0 || *eventBytes < 1 || *lockTimeout < 0 || *poll <= 0 || *turn < 0 || *duration <= 0 || *skew < 0 {
+		return usagef("organic settings out of range: dispatchers, instances, event-bytes >= 1; poll, duration > 0; history, lock-timeout, turn, skew >= 0")
+	}
+	if *bouncer != "" && !slices.Contains(pgtest.PoolModes(), *bouncer) {
+		return usagef("--pgbouncer %q: use a pool mode, one of %s", *bouncer, strings.Join(pgtest.PoolModes(), ", "))
+	}
+	if runs["organic"] && (versions[0] != int64(bug) || versions[1] != int64(fix)) {
+		return usagef("the organic repro compares versions %d and %d only; drop --versions or use `repro minimal`", bug, fix)
+	}
+
+	// Schemas duroxide_vN for the minimal repros; organic and worker
+	// migrate their own.
+	var setupVersions []int64
+	if runs["minimal"] || runs["organic"] {
+		setupVersions = append(setupVersions, versions...)
+	}
+	if runs["worker-minimal"] {
+		for _, v := range workerVersions {
+			if !slices.Contains(setupVersions, v) {
+				setupVersions = append(setupVersions, v)
+			}
+		}
+	}
+	setup, err := setupRepro(ctx, env, *dsn, setupVersions)
+	if err != nil {
+		return err
+	}
+	defer setup.close()
+
+	progress := func(line string) { fmt.Fprintln(env.Stderr, "harness: "+line) }
+	report := repro.Report{Verdict: map[string]bool{}}
+	steps := []struct {
+		kind string
+		run  func() (verdict bool, err error)
+	}{
+		{"minimal", func() (bool, error) {
+			res, err := repro.RunMinimal(ctx, setup.dsn, setup.schemas, versions)
+			report.Minimal = res
+			return repro.MinimalVerdict(res), printed(err, func() error { return repro.PrintMinimal(env.Stdout, res) })
+		}},
+		{"organic", func() (bool, error) {
+			res, err := runOrganic(ctx, setup, organicCfg, *bouncer, env, progress)
+			report.Organic = &res
+			return res.Verdict.OK, printed(err, func() error { return repro.PrintOrganic(env.Stdout, res) })
+		}},
+		{"worker-minimal", func() (bool, error) {
+			res, err := repro.RunWorkerMinimal(ctx, setup.dsn, setup.schemas, workerVersions)
+			report.WorkerMinimal = res
+			return repro.WorkerMinimalVerdict(res), printed(err, func() error { return repro.PrintWorkerMinimal(env.Stdout, res) })
+		}},
+		{"worker", func() (bool, error) {
+			res, err := repro.WorkerRepro(ctx, setup.dsn, workerCfg, progress)
+			report.Worker = &res
+			return res.Verdict.OK, printed(err, func() error { return repro.PrintWorker(env.Stdout, res) })
+		}},
+		{"runtime", func() (bool, error) {
+			res, err := repro.RuntimeRepro(ctx, setup.dsn, provider, runtimeCfg, progress)
+			report.Runtime = &res
+			return res.OK(), printed(err, func() error { return repro.PrintRuntime(env.Stdout, res) })
+		}},
+	}
+	section := false
+	for _, st := range steps {
+		if !runs[st.kind] {
+			continue
+		}
+		if section {
+			fmt.Fprintln(env.Stdout)
+		}
+		section = true
+		verdict, err := st.run()
+		if err != nil {
+			return err
+		}
+		report.Verdict[strings.ReplaceAll(st.kind, "-", "_")] = verdict
+	}
+	if *reportDir != "" {
+		if err := report.Write(*reportDir); err != nil {
+			return err
+		}
+		fmt.Fprintf(env.Stderr, "harness: report written to %s\n", filepath.Join(*reportDir, repro.ReportFile))
+	}
+	if *jsonFile != "" {
+		if err := report.WriteJSON(*jsonFile); err != nil {
+			return err
+		}
+	}
+	if !report.OK() {
+		return failure{"the repro did not show what it should (see the verdicts above)"}
+	}
+	return nil
+}
+
+// printed is err, or when the step succeeded what printing its result
+// returns.
+func printed(err error, print func() error) error {
+	if err != nil {
+		return err
+	}
+	return print()
+}
+
+// runOrganic runs the organic repro in the repro database, its dispatchers
+// connecting through a PgBouncer in bouncerMode when that is not empty.
+func runOrganic(ctx context.Context, setup *reproSetup, cfg dispatch.Config, bouncerMode string, env *Env, progress func(string)) (repro.OrganicResult, error) {
+	if bouncerMode != "" {
+		b, err := pgtest.StartPgBouncer(ctx, setup.srv, bouncerMode)
+		if err != nil {
+			return repro.OrganicResult{}, fmt.Errorf("organic repro: %w", err)
+		}
+		defer b.Close()
+		cfg.ConnectDSN = b.DSN(setup.name)
+		fmt.Fprintf(env.Stderr, "harness: the dispatchers connect through pgbouncer (%s pooling)\n", bouncerMode)
+	}
+	return repro.OrganicRepro(ctx, setup.dsn, cfg, progress)
+}
+
+func parseVersions(s string) ([]int64, error) {
+	var out []int64
+	for _, f := range strings.Split(s, ",") {
+		v, err := strconv.ParseInt(strings.TrimSpace(f), 10, 64)
+		if err != nil || v < 1 || v > migrations.Latest() {
+			return nil, usagef("--versions %q: give two schema versions between 1 and %d (the pack's latest)", s, migrations.Latest())
+		}
+		out = append(out, v)
+	}
+	if len(out) != 2 {
+		return nil, usagef("--versions %q: give exactly two versions, the buggy one then the fixed one", s)
+	}
+	return out, nil
+}

@@ -1,0 +1,146 @@
+package repro
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/duroxide-pg/migrations/internal/sim/dispatch"
+	"github.com/duroxide-pg/migrations/internal/sim/worker"
+)
+
+// Kinds are the repros, in the order `harness repro all` runs them and
+// their report shows them.
+func Kinds() []string { return []string{"minimal", "organic", "worker-minimal", "worker", "runtime"} }
+
+// OrganicRepro prepares the organic scenario's schemas in the database of
+// dsn (PrepareOrganic) and runs it (RunOrganic).
+func OrganicRepro(ctx context.Context, dsn string, cfg dispatch.Config, progress func(string)) (OrganicResult, error) {
+	return prepareAndRun(ctx, dsn, "organic repro", PrepareOrganic, func(schemas map[int]string) (OrganicResult, error) {
+		return RunOrganic(ctx, dsn, schemas, cfg, progress)
+	})
+}
+
+// WorkerRepro prepares the worker scenario's schemas in the database of
+// dsn (PrepareWorker) and runs it (RunWorker).
+func WorkerRepro(ctx context.Context, dsn string, cfg worker.Config, progress func(string)) (WorkerResult, error) {
+	return prepareAndRun(ctx, dsn, "worker repro", PrepareWorker, func(schemas map[int]string) (WorkerResult, error) {
+		return RunWorker(ctx, dsn, schemas, cfg, progress)
+	})
+}
+
+// prepareAndRun migrates a scenario's schemas with prepare, then runs it on
+// them; what names the scenario in errors of the run.
+func prepareAndRun[R any](ctx context.Context, dsn, what string, prepare func(context.Context, string) (map[int]string, error),
+	run func(schemas map[int]string) (R, error)) (R, error) {
+	schemas, err := prepare(ctx, dsn)
+	if err != nil {
+		var zero R
+		return zero, err
+	}
+	res, err := run(schemas)
+	if err != nil {
+		return res, fmt.Errorf("%s: %w", what, err)
+	}
+	return res, nil
+}
+
+// PrintOrganic writes what the organic repro is, then its table.
+func PrintOrganic(w io.Writer, res OrganicResult) error {
+	fmt.Fprint(w, "organic repro: simulated dispatchers on hot instances, no stale timestamps injected\n\n")
+	return PrintTable(w, res)
+}
+
+// PrintWorker writes what the worker repro is, then its table.
+func PrintWorker(w io.Writer, res WorkerResult) error {
+	fmt.Fprint(w, "worker repro: simulated activity workers with sessions and tags, runtime clocks spread around the database's\n\n")
+	return PrintWorkerTable(w, res)
+}
+
+// Report is what a run of several repros gave: the results of those that
+// ran and their verdicts, by kind ("worker-minimal" as "worker_minimal").
+// It serialises to stable snake_case JSON (`harness repro --json`).
+type Report struct {
+	Minimal       []MinimalResult       `json:"minimal,omitempty"`
+	Organic       *OrganicResult        `json:"organic,omitempty"`
+	WorkerMinimal []WorkerMinimalResult `json:"worker_minimal,omitempty"`
+	Worker        *WorkerResult         `json:"worker,omitempty"`
+	Runtime       *RuntimeResult        `json:"runtime,omitempty"`
+	Verdict       map[string]bool       `json:"verdict"`
+}
+
+// OK reports whether every repro that ran gave the verdict it should.
+func (r Report) OK() bool {
+	for _, ok := range r.Verdict {
+		if !ok {
+			return false
+		}
+	}
+	return true
+}
+
+// WriteJSON writes r as indented JSON to path.
+func (r Report) WriteJSON(path string) error {
+	b, err := json.MarshalIndent(r, "", "  ")
+	if err != nil {
+		return fmt.Errorf("repro: encode the report: %w", err)
+	}
+	if err := os.WriteFile(path, append(b, '\n'), 0o644); err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	return nil
+}
+
+// Write writes dir/report.md, creating dir: the organic report (with its
+// histogram, WriteReport) when that scenario ran, then the minimal
+// scenario's table, the worker minimal scenarios' table and the worker
+// scenario (with its histograms of remaining lease), for those that ran.
+func (r Report) Write(dir string) error {
+	if err := r.write(dir); err != nil {
+		return fmt.Errorf("write report: %w", err)
+	}
+	return nil
+}
+
+func (r Report) write(dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	path := filepath.Join(dir, ReportFile)
+	if r.Organic != nil {
+		if err := WriteReport(dir, *r.Organic); err != nil {
+			return err
+		}
+	} else if err := os.WriteFile(path, []byte("# duroxide-pg fetch_orchestration_item: the repro\n\n"), 0o644); err != nil {
+		return err
+	}
+	var sections []string
+	if len(r.Minimal) > 0 {
+		sections = append(sections, MinimalMarkdown(r.Minimal))
+	}
+	if len(r.WorkerMinimal) > 0 {
+		sections = append(sections, WorkerMinimalMarkdown(r.WorkerMinimal))
+	}
+	if r.Worker != nil {
+		sections = append(sections, WorkerMarkdown(*r.Worker))
+	}
+	if r.Runtime != nil {
+		sections = append(sections, RuntimeMarkdown(*r.Runtime))
+	}
+	if len(sections) == 0 {
+		return nil
+	}
+	f, err := os.OpenFile(path, os.O_APPEND|os.O_WRONLY, 0o644)
+	if err != nil {
+		return err
+	}
+	if _, err := fmt.Fprintf(f, "\n%s", strings.Join(sections, "\n")); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}

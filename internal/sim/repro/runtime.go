@@ -1,0 +1,396 @@
+package repro
+
+// The runtime repro: the seed's symptoms with the real duroxide runtime
+// (upstream.AddonPackage), not the model. One orchestration of one turn;
+// another session holds its instance's advisory key for longer than the
+// runtime's orchestration lock timeout, again and again: the deterministic
+// form of the convoy ahead of it. On a schema made by upstream's runner
+// every fetch that waited returns a lease already expired, its ack is
+// refused ("Invalid lock token") and attempt_count climbs; on the pack's
+// latest the orchestration completes as soon as the key is free.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	migrations "github.com/duroxide-pg/migrations"
+	"github.com/duroxide-pg/migrations/harness/ops/migrate"
+	"github.com/duroxide-pg/migrations/internal/testenv/upstream"
+)
+
+// RuntimeLockTimeout is the runtime's orchestration lock timeout: its
+// default, which the addon does not let a program change.
+const RuntimeLockTimeout = 5 * time.Second
+
+// RuntimeConfig is the runtime repro's input.
+type RuntimeConfig struct {
+	// Hold is how long the other session holds the key each time (must
+	// exceed RuntimeLockTimeout).
+	Hold time.Duration
+	// Holds is how many times it takes the key; the runtime's poison
+	// threshold (attempt_count above 10) needs 11.
+	Holds int
+}
+
+// RuntimeDefaults is the repro's default: three holds of 7 s.
+func RuntimeDefaults() RuntimeConfig { return RuntimeConfig{Hold: 7 * time.Second, Holds: 3} }
+
+// Validate refuses settings that cannot show the symptom.
+func (c RuntimeConfig) Validate() error {
+	if c.Hold <= RuntimeLockTimeout {
+		return fmt.Errorf("runtime repro: the hold (%v) must exceed the runtime's lock timeout (%v)", c.Hold, RuntimeLockTimeout)
+	}
+	if c.Holds < 1 {
+		return fmt.Errorf("runtime repro: holds must be at least 1, not %d", c.Holds)
+	}
+	return nil
+}
+
+// RuntimeHold is one time the other session held the key.
+type RuntimeHold struct {
+	HeldMs int64 `json:"held_ms"`
+	// FetchWaited: a session of the runtime queued on the key meanwhile.
+	FetchWaited bool `json:"fetch_waited"`
+	// AttemptCount is the instance's queued message's attempt_count as the
+	// hold ended (-1: no message queued).
+	AttemptCount int64 `json:"attempt_count"`
+}
+
+// RuntimeSide is what one schema did.
+type RuntimeSide struct {
+	Schema string `json:"schema"`
+	// Made says what built the schema.
+	Made  string        `json:"made"`
+	Holds []RuntimeHold `json:"holds"`
+	// CompletedAfterHold is the number of holds after which the
+	// orchestration had completed, 0 when it completed only once the key
+	// was let go for good.
+	CompletedAfterHold int    `json:"completed_after_hold"`
+	Status             string `json:"status"`
+	Error              string `json:"error,omitempty"`
+	WaitedMs           int64  `json:"waited_ms"`
+	// RefusedTurns counts the turns whose ack was refused ("Invalid lock
+	// token"): the runtime's "ack_orchestration_item failed" lines less
+	// those of the failure event it then tries to commit in their place
+	// ("Failed to commit failure event"). A poison turn's refused ack
+	// counts too.
+	RefusedTurns      int            `json:"refused_turns"`
+	InvalidLockTokens int            `json:"invalid_lock_token_lines"`
+	LeaseLines        int            `json:"lease_kind_lines"`
+	PoisonLines       int            `json:"poison_lines"`
+	Tally             map[string]int `json:"warn_error_by_kind"`
+	// Sample is the first few lines of the lease kind.
+	Sample []string `json:"sample,omitempty"`
+}
+
+// RuntimeResult is the runtime repro's outcome.
+type RuntimeResult struct {
+	Addon         string      `json:"addon"`
+	HoldMs        int64       `json:"hold_ms"`
+	LockTimeoutMs int64       `json:"lock_timeout_ms"`
+	Upstream      RuntimeSide `json:"upstream"`
+	Pack          RuntimeSide `json:"pack"`
+	// Reproduced: upstream refused an ack after every hold, attempt_count
+	// climbed by one a hold, and the orchestration did not complete while
+	// the key was being held.
+	Reproduced bool `json:"reproduced"`
+	// Fixed: the pack logged no line of the lease kind and completed after
+	// the first hold.
+	Fixed bool `json:"fixed"`
+}
+
+// OK is the verdict: reproduced on upstream, fixed on the pack.
+func (r RuntimeResult) OK() bool { return r.Reproduced && r.Fixed }
+
+// RuntimeRepro makes the two schemas in dsn's database (runtime_upstream by
+// the real provider, runtime_pack by the pack at its latest version) and
+// runs the repro on each.
+func RuntimeRepro(ctx context.Context, dsn string, p *upstream.Provider, cfg RuntimeConfig, progress func(string)) (RuntimeResult, error) {
+	if err := cfg.Validate(); err != nil {
+		return RuntimeResult{}, err
+	}
+	res := RuntimeResult{Addon: upstream.AddonPackage, HoldMs: cfg.Hold.Milliseconds(), LockTimeoutMs: RuntimeLockTimeout.Milliseconds()}
+	const upSchema, packSchema = "runtime_upstream", "runtime_pack"
+	if err := p.Migrate(ctx, dsn, upSchema); err != nil {
+		return res, err
+	}
+	if err := migrate.To(ctx, dsn, packSchema, migrations.Latest()); err != nil {
+		return res, err
+	}
+	var err error
+	progress(fmt.Sprintf("runtime repro: %s (made by the real provider), %d holds of %v", upSchema, cfg.Holds, cfg.Hold))
+	if res.Upstream, err = runtimeSide(ctx, dsn, p, upSchema, cfg); err != nil {
+		return res, err
+	}
+	res.Upstream.Made = "real provider " + upstream.AddonPackage + " (upstream 1..21, 23)"
+	progress(fmt.Sprintf("runtime repro: %s (the pack at %04d)", packSchema, migrations.Latest()))
+	if res.Pack, err = runtimeSide(ctx, dsn, p, packSchema, cfg); err != nil {
+		return res, err
+	}
+	res.Pack.Made = fmt.Sprintf("the pack at %04d", migrations.Latest())
+	res.Reproduced = reproducedOnRuntime(res.Upstream, cfg)
+	res.Fixed = res.Pack.LeaseLines == 0 && res.Pack.Status == "Completed" && res.Pack.CompletedAfterHold == 1
+	return res, nil
+}
+
+func reproducedOnRuntime(s RuntimeSide, cfg RuntimeConfig) bool {
+	if len(s.Holds) != cfg.Holds || s.CompletedAfterHold != 0 || s.RefusedTurns < cfg.Holds {
+		return false
+	}
+	for i, h := range s.Holds {
+		if !h.FetchWaited || h.AttemptCount != int64(i) {
+			return false
+		}
+	}
+	return true
+}
+
+// holder is a session that takes and lets go of the instance's advisory
+// key: the same key upstream's fetch_orchestration_item takes
+// (pg_advisory_xact_lock(hashtext(instance_id))).
+type holder struct {
+	conn *pgx.Conn
+	pid  uint32
+}
+
+func openHolder(ctx context.Context, dsn string) (*holder, error) {
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		return nil, fmt.Errorf("runtime repro: key holder: %w", err)
+	}
+	return &holder{conn: conn, pid: conn.PgConn().PID()}, nil
+}
+
+func (h *holder) lock(ctx context.Context, instance string) error {
+	_, err := h.conn.Exec(ctx, "SELECT pg_advisory_lock(hashtext($1))", instance)
+	return err
+}
+
+func (h *holder) unlock(ctx context.Context, instance string) error {
+	_, err := h.conn.Exec(ctx, "SELECT pg_advisory_unlock(hashtext($1))", instance)
+	return err
+}
+
+// runtimeSide runs the real runtime on schema (one orchestration dispatcher,
+// one worker) while two holder sessions take the instance's key in turn:
+// each queues on it behind the runtime's waiting fetch, so the fetch gets
+// the key between two holds, as it would behind a convoy.
+func runtimeSide(ctx context.Context, dsn string, p *upstream.Provider, schema string, cfg RuntimeConfig) (RuntimeSide, error) {
+	side := RuntimeSide{Schema: schema}
+	instance := "repro-runtime-" + schema
+	var hs [2]*holder
+	for i := range hs {
+		h, err := openHolder(ctx, dsn)
+		if err != nil {
+			return side, err
+		}
+		defer h.conn.Close(context.Background())
+		hs[i] = h
+	}
+	qschema := pgx.Identifier{schema}.Sanitize()
+	waiting := func(ctx context.Context, h *holder) (bool, error) {
+		var n int
+		err := h.conn.QueryRow(ctx, `SELECT count(*) FROM pg_locks
+			WHERE locktype = 'advisory' AND NOT granted AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+			  AND objid = (hashtext($1)::bigint & 4294967295)::oid AND pid <> ALL($2)`,
+			instance, []int64{int64(hs[0].pid), int64(hs[1].pid)}).Scan(&n)
+		return n > 0, err
+	}
+	completed := func(ctx context.Context, h *holder) (bool, error) {
+		var status string
+		err := h.conn.QueryRow(ctx, "SELECT e.status FROM "+qschema+".instances i JOIN "+qschema+
+			".executions e ON e.instance_id = i.instance_id AND e.execution_id = i.current_execution_id WHERE i.instance_id = $1", instance).Scan(&status)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return false, nil
+		}
+		return status == "Completed", err
+	}
+	attempts := func(ctx context.Context, h *holder) (int64, error) {
+		var n int64
+		err := h.conn.QueryRow(ctx, "SELECT coalesce(max(attempt_count), -1) FROM "+qschema+".orchestrator_queue WHERE instance_id = $1", instance).Scan(&n)
+		return n, err
+	}
+	if err := hs[0].lock(ctx, instance); err != nil {
+		return side, fmt.Errorf("runtime repro: take the key: %w", err)
+	}
+	acquired := time.Now()
+	type outcome struct {
+		res *upstream.RuntimeResult
+		err error
+	}
+	done := make(chan outcome, 1)
+	wait := time.Duration(cfg.Holds+2)*cfg.Hold + 30*time.Second
+	go func() {
+		res, err := p.RunRuntime(ctx, dsn, upstream.Run{
+			Schema:    schema,
+			Runtime:   upstream.RuntimeOptions{OrchestrationConcurrency: 1, WorkerConcurrency: 1},
+			Scenarios: []upstream.Scenario{{Name: "single", InstanceID: instance}},
+			Wait:      wait,
+		})
+		done <- outcome{res, err}
+	}()
+	cur := 0
+	for hold := 0; hold < cfg.Holds; hold++ {
+		h, next := hs[cur], hs[1-cur]
+		var queued chan error // next's lock, queued behind the runtime's waiting fetch
+		waited := false
+		for time.Since(acquired) < cfg.Hold {
+			if !waited {
+				w, err := waiting(ctx, h)
+				if err != nil {
+					return side, fmt.Errorf("runtime repro: pg_locks: %w", err)
+				}
+				if w {
+					waited = true
+					queued = make(chan error, 1)
+					go func() { queued <- next.lock(ctx, instance) }()
+				}
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		n, err := attempts(ctx, h)
+		if err != nil {
+			return side, fmt.Errorf("runtime repro: attempt_count: %w", err)
+		}
+		side.Holds = append(side.Holds, RuntimeHold{HeldMs: time.Since(acquired).Milliseconds(), FetchWaited: waited, AttemptCount: n})
+		if err := h.unlock(ctx, instance); err != nil {
+			return side, fmt.Errorf("runtime repro: let go of the key: %w", err)
+		}
+		last := hold == cfg.Holds-1
+		if queued == nil {
+			// Nobody queued on the key (the pack's fetch only tries it):
+			// leave it free as long as a waiting fetch would have had it.
+			time.Sleep(500 * time.Millisecond)
+			if ok, err := completed(ctx, h); err != nil {
+				return side, err
+			} else if ok {
+				side.CompletedAfterHold = hold + 1
+				break
+			}
+			if last {
+				break
+			}
+			queued = make(chan error, 1)
+			go func() { queued <- next.lock(ctx, instance) }()
+		}
+		if err := <-queued; err != nil {
+			return side, fmt.Errorf("runtime repro: take the key again: %w", err)
+		}
+		if last {
+			if err := next.unlock(ctx, instance); err != nil {
+				return side, err
+			}
+			break
+		}
+		acquired = time.Now()
+		cur = 1 - cur
+	}
+	out := <-done
+	if out.err != nil {
+		return side, out.err
+	}
+	single := out.res.Results["single"]
+	side.Status, side.Error = single.Status(), single.Error()
+	if ms, ok := single["waitedMs"].(float64); ok {
+		side.WaitedMs = int64(ms)
+	}
+	side.Tally = out.res.Tally()
+	side.InvalidLockTokens = out.res.InvalidLockTokens()
+	for _, l := range out.res.Logs {
+		text := l.Text()
+		if l.InvalidLockToken() && strings.Contains(l.Message, "ack_orchestration_item failed") {
+			side.RefusedTurns++
+		}
+		if strings.Contains(l.Message, "Failed to commit failure event") {
+			side.RefusedTurns--
+		}
+		if strings.Contains(strings.ToLower(text), "poison") {
+			side.PoisonLines++
+		}
+		if l.Lease() {
+			side.LeaseLines++
+			if len(side.Sample) < 3 {
+				side.Sample = append(side.Sample, text)
+			}
+		}
+	}
+	return side, nil
+}
+
+// PrintRuntime writes what the runtime repro is, then its table.
+func PrintRuntime(w io.Writer, r RuntimeResult) error {
+	fmt.Fprintf(w, "runtime repro: the real duroxide runtime (%s), one orchestration of one turn; another session holds its instance's advisory key %v at a time, %d times: the deterministic form (a held key standing in for the convoy ahead of it); the runtime's orchestration lock timeout is its default, %v\n\n",
+		r.Addon, time.Duration(r.HoldMs)*time.Millisecond, len(r.Upstream.Holds), time.Duration(r.LockTimeoutMs)*time.Millisecond)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	row := func(name string, f func(RuntimeSide) string) {
+		fmt.Fprintf(tw, "%s\t%s\t%s\n", name, f(r.Upstream), f(r.Pack))
+	}
+	row("schema", func(s RuntimeSide) string { return s.Schema + ": " + s.Made })
+	row("a runtime fetch queued on the key, per hold", func(s RuntimeSide) string {
+		var parts []string
+		for _, h := range s.Holds {
+			parts = append(parts, map[bool]string{true: "yes", false: "no"}[h.FetchWaited])
+		}
+		return strings.Join(parts, " ")
+	})
+	row("attempt_count at the end of each hold", func(s RuntimeSide) string {
+		var parts []string
+		for _, h := range s.Holds {
+			if h.AttemptCount < 0 {
+				parts = append(parts, "-")
+			} else {
+				parts = append(parts, fmt.Sprint(h.AttemptCount))
+			}
+		}
+		return strings.Join(parts, " ")
+	})
+	row(`turns whose ack was refused ("Invalid lock token")`, func(s RuntimeSide) string { return fmt.Sprint(s.RefusedTurns) })
+	row("WARN/ERROR lines of the lease kind", func(s RuntimeSide) string { return fmt.Sprint(s.LeaseLines) })
+	row(`"poison" lines`, func(s RuntimeSide) string { return fmt.Sprint(s.PoisonLines) })
+	row("orchestration", func(s RuntimeSide) string {
+		when := "only once the key was let go"
+		if s.CompletedAfterHold > 0 {
+			when = fmt.Sprintf("after hold %d", s.CompletedAfterHold)
+		}
+		text := fmt.Sprintf("%s %s, %.1f s after its start", s.Status, when, float64(s.WaitedMs)/1000)
+		if s.Error != "" {
+			text += ": " + s.Error
+		}
+		return text
+	})
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	for _, s := range []RuntimeSide{r.Upstream, r.Pack} {
+		for _, l := range s.Sample {
+			fmt.Fprintf(w, "  %s: %s\n", s.Schema, l)
+		}
+	}
+	verdict := "NOT REPRODUCED on upstream"
+	if r.Reproduced {
+		verdict = "reproduced on upstream"
+	}
+	if r.Fixed {
+		verdict += ", fixed on the pack"
+	} else {
+		verdict += ", NOT FIXED on the pack"
+	}
+	_, err := fmt.Fprintf(w, "\nverdict: %s\n", verdict)
+	return err
+}
+
+// RuntimeMarkdown renders r as a Markdown section: the table in a code block.
+func RuntimeMarkdown(r RuntimeResult) string {
+	var b strings.Builder
+	b.WriteString("## The real runtime (runtime repro)\n\n```\n")
+	_ = PrintRuntime(&b, r)
+	b.WriteString("```\n")
+	return b.String()
+}

@@ -1,0 +1,402 @@
+package repro
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/duroxide-pg/migrations/internal/sim/simconfig"
+	"github.com/duroxide-pg/migrations/internal/sim/worker"
+)
+
+// The worker scenario: simulated activity workers (package worker) run
+// against the worker queue at each schema version, one after the other,
+// with the same seed and settings. See WorkerDefaults.
+
+// Verdict thresholds of the worker scenario. Counts are judged only over
+// enough leases: a run with fewer fails its "leases returned" check (run it
+// longer) rather than pass or fail on a handful.
+const (
+	MinWorkerBugLeases = 50
+	MinWorkerFixLeases = 100
+	// WorkerLockTimeoutFactor: the calibrated lock timeout is this many
+	// uncontended fetch+ack cycles, rounded up to whole seconds, at least
+	// WorkerMinLockTimeout.
+	WorkerLockTimeoutFactor = 100
+	WorkerMinLockTimeout    = 2 * time.Second
+	WorkerMaxLockTimeout    = 30 * time.Second
+)
+
+// WorkerDefaults is the full worker scenario (`make repro`): 4 runtimes of
+// 4 worker slots (16 workers, each with its own connection and session
+// owner id), a backlog of 400 activities kept full (each completed item is
+// replaced) that cycles plain, session-bound, tagged ("gpu", "io"),
+// session-bound, over 8 sessions; the slots' tag filters cycle any,
+// default_and {gpu}, default_only, tags {gpu, io}. Each runtime renews its
+// slots' sessions every quarter of the session timeout (renew_session_lock
+// with all its owner ids) and calls cleanup_orphaned_sessions every lock
+// timeout. 10 s per version, poll interval 100 ms.
+//
+// The lock timeout T is calibrated (LockTimeout 0): WorkerLockTimeoutFactor
+// times the median of 9 uncontended fetch+ack cycles, rounded up to whole
+// seconds (duroxide-pg renews in whole seconds), at least 2 s so that an
+// activity renewed every dispatch.RenewalInterval(T) (1 s) can outlast it.
+// Everything else scales with T (WorkerTimes): activities run up to T/20,
+// one in 8 runs long, 0.6-0.8 T, and is renewed while it runs; the
+// runtimes' clocks are spread over [-1.5 T, +0.3 T].
+//
+// Why the skew. The provider mints p_now_ms before it acquires a pooled
+// connection (worker.md §4.1), so a worker's p_now_ms is stale by its pool
+// wait, and a host's clock may lag: both look to the database like a clock
+// behind. At the versions before the fix the lease is p_now_ms + T, so a
+// clock more than T behind hands out leases dead at return, which the
+// workers whose clocks are ahead take over: the first ack is refused and
+// the item delivered twice. After the fix the lease is the later of the two
+// clocks plus T, so a lagging clock costs nothing. No lease scheme
+// survives a clock ahead by more than the time left on a lease (its holder
+// sees it alive while others take it), so the clocks ahead stay at 0.3 T:
+// every activity is acked (or renewed) within 0.7 T of its lease's start.
+//
+// The session contention is what it is: 16 workers claiming, renewing and
+// stamping 8 sessions, and, before the fix, taking over the sessions whose
+// lease a lagging runtime wrote already expired. A fetch seen waiting on a
+// lock (sampled every 5 ms) counts as blocked.
+func WorkerDefaults() worker.Config {
+	return worker.Config{
+		Run: simconfig.Run{
+			LockTimeout:  0, // calibrated
+			PollInterval: 100 * time.Millisecond,
+			Duration:     10 * time.Second,
+		},
+		Runtimes:   4,
+		Slots:      4,
+		Items:      400,
+		Sessions:   8,
+		Tagged:     true,
+		Refill:     true,
+		LongEvery:  8,
+		WatchLocks: true,
+	}
+}
+
+// WorkerShort is WorkerDefaults cut to 5 s per version, for the test suite.
+func WorkerShort() worker.Config {
+	c := WorkerDefaults()
+	c.Duration = 5 * time.Second
+	return c
+}
+
+// WorkerTimes fills the zero activity times and skews of cfg in
+// proportion to its lock timeout (see WorkerDefaults).
+func WorkerTimes(cfg worker.Config) worker.Config {
+	t := cfg.LockTimeout
+	set := func(p *time.Duration, v time.Duration) {
+		if *p == 0 {
+			*p = v
+		}
+	}
+	set(&cfg.ShortActivity, t/20)
+	set(&cfg.LongActivityMin, t*6/10)
+	set(&cfg.LongActivityMax, t*8/10)
+	set(&cfg.SkewBehind, t*3/2)
+	set(&cfg.SkewAhead, t*3/10)
+	return cfg
+}
+
+// WorkerSchemas are the schemas PrepareWorker migrates, by version:
+// worker_vN for each of WorkerVersions.
+func WorkerSchemas() map[int]string {
+	bug, fix := WorkerVersions()
+	return schemasOf("worker", bug, fix)
+}
+
+// PrepareWorker migrates WorkerSchemas in the database of dsn, each to its
+// version. It returns the map RunWorker takes.
+func PrepareWorker(ctx context.Context, dsn string) (map[int]string, error) {
+	return prepare(ctx, dsn, "worker", WorkerSchemas())
+}
+
+// WorkerSettings echoes the scenario's settings in readable units.
+type WorkerSettings struct {
+	Runtimes             int     `json:"runtimes"`
+	Slots                int     `json:"slots_per_runtime"`
+	Items                int     `json:"backlog_items"`
+	Sessions             int     `json:"sessions"`
+	Tagged               bool    `json:"tagged"`
+	LockTimeoutMs        int64   `json:"lock_timeout_ms"`
+	SessionLockTimeoutMs int64   `json:"session_lock_timeout_ms"`
+	ShortActivityMs      int64   `json:"short_activity_max_ms"`
+	LongEvery            int     `json:"long_every"`
+	LongActivityMinMs    int64   `json:"long_activity_min_ms"`
+	LongActivityMaxMs    int64   `json:"long_activity_max_ms"`
+	SkewBehindMs         int64   `json:"skew_behind_ms"`
+	SkewAheadMs          int64   `json:"skew_ahead_ms"`
+	DurationS            float64 `json:"duration_s"`
+}
+
+func workerSettings(c worker.Config) WorkerSettings {
+	c = c.WithDefaults()
+	return WorkerSettings{Runtimes: c.Runtimes, Slots: c.Slots, Items: c.Items, Sessions: c.Sessions, Tagged: c.Tagged,
+		LockTimeoutMs: c.LockTimeout.Milliseconds(), SessionLockTimeoutMs: c.SessionLockTimeout.Milliseconds(),
+		ShortActivityMs: c.ShortActivity.Milliseconds(), LongEvery: c.LongEvery,
+		LongActivityMinMs: c.LongActivityMin.Milliseconds(), LongActivityMaxMs: c.LongActivityMax.Milliseconds(),
+		SkewBehindMs: c.SkewBehind.Milliseconds(), SkewAheadMs: c.SkewAhead.Milliseconds(), DurationS: c.Duration.Seconds()}
+}
+
+// WorkerCalibration is the measurement behind a calibrated lock timeout.
+type WorkerCalibration struct {
+	Schema        string  `json:"schema"`
+	Samples       int     `json:"samples"`
+	CycleMs       float64 `json:"cycle_ms"`
+	LockTimeoutMs int64   `json:"lock_timeout_ms"`
+}
+
+// CalibrateWorker measures the median of 9 uncontended fetch+ack cycles on
+// schema and derives the lock timeout (see WorkerDefaults).
+func CalibrateWorker(ctx context.Context, dsn, schema string) (WorkerCalibration, error) {
+	const samples = 9
+	lat, err := worker.MeasureCycle(ctx, dsn, schema, samples)
+	if err != nil {
+		return WorkerCalibration{}, fmt.Errorf("worker: calibrate: %w", err)
+	}
+	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
+	median := lat[samples/2]
+	t := WorkerLockTimeoutFactor * median
+	t = ((t + time.Second - 1) / time.Second) * time.Second
+	t = min(max(t, WorkerMinLockTimeout), WorkerMaxLockTimeout)
+	return WorkerCalibration{Schema: schema, Samples: samples, CycleMs: float64(median.Microseconds()) / 1000,
+		LockTimeoutMs: t.Milliseconds()}, nil
+}
+
+// WorkerRun is the worker scenario at one schema version; its
+// Histogram is of the remaining lease at return by the database clock.
+type WorkerRun = Run[worker.Summary, worker.Event]
+
+// WorkerVerdict says whether the runs show the bug before the fix and its
+// absence after.
+type WorkerVerdict = Verdict
+
+// WorkerResult is what RunWorker returns; it serialises to stable
+// snake_case JSON.
+type WorkerResult = Result[WorkerSettings, WorkerCalibration, worker.Summary, worker.Event, WorkerVerdict]
+
+// RunWorker runs the worker scenario cfg (Schema is ignored) against each
+// schema of schemas (version -> schema, migrated: PrepareWorker), in
+// ascending version order, and judges the runs. A zero cfg.LockTimeout is
+// calibrated first on the lowest version's schema; zero activity times and
+// skews then scale with the timeout (WorkerTimes). progress, when not nil,
+// receives one line per step.
+func RunWorker(ctx context.Context, dsn string, schemas map[int]string, cfg worker.Config, progress func(string)) (WorkerResult, error) {
+	progress = quiet(progress)
+	versions, err := checkSchemas(ctx, dsn, schemas, "worker", "PrepareWorker")
+	if err != nil {
+		return WorkerResult{}, err
+	}
+	res := WorkerResult{}
+	if cfg.LockTimeout == 0 {
+		c, err := CalibrateWorker(ctx, dsn, schemas[versions[0]])
+		if err != nil {
+			return res, err
+		}
+		res.Calibration = &c
+		cfg.LockTimeout = time.Duration(c.LockTimeoutMs) * time.Millisecond
+		progress(fmt.Sprintf("worker calibration: one uncontended fetch+ack cycle takes %.1f ms (median of %d); lock timeout %d x that, in whole seconds, at least %v: %v",
+			c.CycleMs, c.Samples, WorkerLockTimeoutFactor, WorkerMinLockTimeout, cfg.LockTimeout))
+	}
+	cfg = WorkerTimes(cfg.WithDefaults())
+	res.Settings = workerSettings(cfg)
+	res.Runs, err = runEach(versions, schemas, func(v int, schema string) (WorkerRun, error) {
+		return runWorkerVersion(ctx, dsn, v, schema, cfg, progress)
+	})
+	if err != nil {
+		return res, err
+	}
+	shareHistogramAxis(res.Runs, cfg.LockTimeout.Milliseconds(), worker.Remaining)
+	res.Verdict = JudgeWorker(res.Runs)
+	return res, nil
+}
+
+func runWorkerVersion(ctx context.Context, dsn string, version int, schema string, cfg worker.Config, progress func(string)) (WorkerRun, error) {
+	cfg.Schema = schema
+	run := WorkerRun{Version: version, Schema: schema}
+	seed, err := worker.Seed(ctx, dsn, cfg)
+	if err != nil {
+		return run, fmt.Errorf("worker v%d: %w", version, err)
+	}
+	progress(fmt.Sprintf("worker v%d: %d runtimes x %d slots, %d items over %d sessions, lock timeout %v, clocks %v..+%v, for %v",
+		version, cfg.Runtimes, cfg.Slots, cfg.Items, cfg.Sessions, cfg.LockTimeout, -cfg.SkewBehind, cfg.SkewAhead, cfg.Duration))
+	log, err := worker.Run(ctx, dsn, cfg)
+	if err != nil {
+		return run, fmt.Errorf("worker v%d: %w", version, err)
+	}
+	run.Events = log.Events()
+	run.Summary = worker.Summarize(run.Events, log.Elapsed())
+	pending, err := worker.PendingItems(ctx, dsn, schema)
+	if err != nil {
+		return run, fmt.Errorf("worker v%d: %w", version, err)
+	}
+	run.Conservation = conservation(worker.Conservation(seed.Items, run.Events, pending))
+	s := run.Summary
+	progress(fmt.Sprintf("worker v%d: %d leases, %d dead at return, %d refused acks, %d blocked fetches (max %d ms), %d delivered twice, %d completed",
+		version, s.Fetches, s.DeadAtReturn, s.RefusedAcks, s.BlockedFetches, s.MaxBlockedMs, s.DeliveredTwice, s.Completed))
+	return run, nil
+}
+
+// JudgeWorker applies the verdict criteria. A version below the fix must
+// show the bug: at least MinWorkerBugLeases leases, and at least one
+// ack_worker refused or one fetch blocked on a session row. The fix must be
+// clean: at least MinWorkerFixLeases leases, no refused ack, no blocked
+// fetch, no lease dead at return, no item delivered twice, every item
+// completed exactly once or still queued. Conservation is advisory below
+// the fix.
+func JudgeWorker(runs []WorkerRun) WorkerVerdict {
+	_, fix := WorkerVersions()
+	j := newJudgement(fix)
+	for _, r := range runs {
+		s := r.Summary
+		if j.buggy(r.Version) {
+			j.add(r.Version, "leases returned", fmt.Sprintf(">= %d", MinWorkerBugLeases), fmt.Sprint(s.Fetches), s.Fetches >= MinWorkerBugLeases, false)
+			j.add(r.Version, "refused ack_worker calls or blocked session fetches", ">= 1",
+				fmt.Sprintf("%d refused, %d blocked", s.RefusedAcks, s.BlockedFetches), s.RefusedAcks+s.BlockedFetches >= 1, false)
+			j.add(r.Version, "leases dead at return (advisory)", ">= 1", fmt.Sprintf("%d of %d", s.DeadAtReturn, s.Fetches), s.DeadAtReturn >= 1, true)
+			j.add(r.Version, "items conserved (advisory)", "ok", r.Conservation, r.Conservation == "ok", true)
+			continue
+		}
+		j.add(r.Version, "leases returned", fmt.Sprintf(">= %d", MinWorkerFixLeases), fmt.Sprint(s.Fetches), s.Fetches >= MinWorkerFixLeases, false)
+		j.add(r.Version, "refused ack_worker calls", "0", fmt.Sprint(s.RefusedAcks), s.RefusedAcks == 0, false)
+		j.add(r.Version, "blocked session fetches", "0", fmt.Sprintf("%d (max %d ms)", s.BlockedFetches, s.MaxBlockedMs), s.BlockedFetches == 0, false)
+		j.add(r.Version, "leases dead at return", "0", fmt.Sprintf("%d of %d", s.DeadAtReturn, s.Fetches), s.DeadAtReturn == 0, false)
+		j.add(r.Version, "items delivered twice", "0", fmt.Sprint(s.DeliveredTwice), s.DeliveredTwice == 0, false)
+		j.add(r.Version, "items conserved", "ok", r.Conservation, r.Conservation == "ok", false)
+	}
+	return j.verdict()
+}
+
+// workerRows are the rows of the worker scenario's side-by-side table.
+func workerRows() []rowDef[worker.Summary] {
+	return []rowDef[worker.Summary]{
+		{"fetches returning a lease", func(s worker.Summary) string {
+			return fmt.Sprintf("%d (of %d calls; %d of a session)", s.Fetches, s.FetchCalls, s.SessionFetches)
+		}},
+		{"dead at return (database clock)", func(s worker.Summary) string {
+			return fmt.Sprintf("%d (%.1f%%)", s.DeadAtReturn, s.DeadAtReturnPct)
+		}},
+		{"refused ack_worker calls", func(s worker.Summary) string { return fmt.Sprintf("%d (of %d)", s.RefusedAcks, s.Acks) }},
+		{"blocked session fetches (max)", func(s worker.Summary) string { return countAndMs(s.BlockedFetches, s.MaxBlockedMs) }},
+		{"items completed", func(s worker.Summary) string {
+			return fmt.Sprintf("%d (%.1f/s)", s.Completed, s.CompletedPerS)
+		}},
+		{"items delivered twice", func(s worker.Summary) string { return fmt.Sprint(s.DeliveredTwice) }},
+		{"remaining lease p1 / p50 / p99", func(s worker.Summary) string {
+			if s.RemainingSamples == 0 {
+				return "-"
+			}
+			return fmt.Sprintf("%d / %d / %d ms", s.RemainingP1Ms, s.RemainingP50Ms, s.RemainingP99Ms)
+		}},
+		{"item renewals (refused)", func(s worker.Summary) string { return fmt.Sprintf("%d (%d)", s.Renewals, s.RenewalsRefused) }},
+		{"fetch latency p50 / p99", func(s worker.Summary) string {
+			return fmt.Sprintf("%.1f / %.1f ms", s.FetchP50Ms, s.FetchP99Ms)
+		}},
+		{"errors", func(s worker.Summary) string {
+			if s.OtherErrors == 0 {
+				return "0"
+			}
+			return fmt.Sprintf("%d (%s)", s.OtherErrors, mdCell(s.FirstError))
+		}},
+	}
+}
+
+// PrintWorkerTable writes the side-by-side table of res to w, then the
+// criteria that failed.
+func PrintWorkerTable(w io.Writer, res WorkerResult) error {
+	header, rows := sideBySide(res.Runs, workerRows())
+	s := res.Settings
+	lock := fmt.Sprintf("lock timeout %d ms", s.LockTimeoutMs)
+	if c := res.Calibration; c != nil {
+		lock += fmt.Sprintf(" (uncontended cycle %.1f ms)", c.CycleMs)
+	}
+	bug, fix := WorkerVersions()
+	err := printSideBySide(w, header, rows, res.Verdict, bug, fix,
+		fmt.Sprintf("%d runtimes x %d slots, %d items, %d sessions, %s, clocks -%d..+%d ms, %.0f s per version",
+			s.Runtimes, s.Slots, s.Items, s.Sessions, lock, s.SkewBehindMs, s.SkewAheadMs, s.DurationS))
+	if err != nil {
+		return err
+	}
+	for _, c := range res.Verdict.Checks {
+		if !c.Pass && !c.Advisory {
+			fmt.Fprintf(w, "  failed: v%d %s: want %s, got %s\n", c.Version, c.Name, c.Want, c.Got)
+		}
+	}
+	return nil
+}
+
+// WorkerMarkdown renders res as a Markdown section, with a text histogram
+// of the remaining lease at return per version.
+func WorkerMarkdown(res WorkerResult) string {
+	var b strings.Builder
+	s := res.Settings
+	fmt.Fprintf(&b, "## Worker scenario: simulated activity workers at versions %s\n\n", versionList(res.Runs))
+	fmt.Fprintf(&b, "%d runtimes of %d worker slots (one connection and session owner each; per runtime a renew_session_lock loop "+
+		"and cleanup_orphaned_sessions), a backlog of %d activities kept full, over %d sessions, tagged: %v; lock timeout %d ms, "+
+		"session lock timeout %d ms; activities up to %d ms, one in %d long (%d-%d ms, renewed with renew_work_item_lock); "+
+		"runtime clocks spread over -%d..+%d ms; %.0f s per version.\n\n",
+		s.Runtimes, s.Slots, s.Items, s.Sessions, s.Tagged, s.LockTimeoutMs, s.SessionLockTimeoutMs, s.ShortActivityMs, s.LongEvery,
+		s.LongActivityMinMs, s.LongActivityMaxMs, s.SkewBehindMs, s.SkewAheadMs, s.DurationS)
+	if c := res.Calibration; c != nil {
+		fmt.Fprintf(&b, "The lock timeout was calibrated: an uncontended fetch+ack cycle took %.1f ms (median of %d, schema %s); "+
+			"%d times that, in whole seconds, at least %v: %d ms.\n\n", c.CycleMs, c.Samples, c.Schema, WorkerLockTimeoutFactor,
+			WorkerMinLockTimeout, c.LockTimeoutMs)
+	}
+	header, rows := sideBySide(res.Runs, workerRows())
+	writeMarkdownTable(&b, header, rows)
+	b.WriteString("\n### Remaining lease when fetch_work_item returned (locked_until − database clock)\n\n")
+	for _, r := range res.Runs {
+		fmt.Fprintf(&b, "v%d (%s): %d leases, %d dead at return\n\n```\n%s```\n\n", r.Version, r.Schema, r.Summary.Fetches,
+			r.Summary.DeadAtReturn, TextHistogram(r.Histogram, 40))
+	}
+	bug, fix := WorkerVersions()
+	writeVerdictMarkdown(&b, res.Verdict, bug, fix)
+	return b.String()
+}
+
+// TextHistogram draws h as text, one line per bin from the first to the
+// last non-empty one: its range, a bar of at most width characters ('x'
+// for dead leases, '#' for live ones) and its count; leases taken over
+// before they could be read come first.
+func TextHistogram(h Histogram, width int) string {
+	var b strings.Builder
+	maxC := h.Lost
+	first, last := -1, -1
+	for i, bin := range h.Bins {
+		maxC = max(maxC, bin.Count)
+		if bin.Count > 0 {
+			if first < 0 {
+				first = i
+			}
+			last = i
+		}
+	}
+	bar := func(n int, c string) string {
+		if n == 0 || maxC == 0 {
+			return ""
+		}
+		return strings.Repeat(c, max(1, n*width/maxC))
+	}
+	if h.Lost > 0 {
+		fmt.Fprintf(&b, "%17s  %-*s %d\n", "taken over", width, bar(h.Lost, "x"), h.Lost)
+	}
+	if first < 0 {
+		return b.String() + "(no lease)\n"
+	}
+	for _, bin := range h.Bins[first : last+1] {
+		c := "#"
+		if bin.HiMs <= 0 {
+			c = "x"
+		}
+		fmt.Fprintf(&b, "%17s  %-*s %d\n", fmt.Sprintf("(%d, %d]", bin.LoMs, bin.HiMs), width, bar(bin.Count, c), bin.Count)
+	}
+	return b.String()
+}

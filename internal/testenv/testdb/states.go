@@ -1,0 +1,81 @@
+package testdb
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+
+	migrations "github.com/duroxide-pg/migrations"
+	"github.com/duroxide-pg/migrations/harness/ops/migrate"
+	"github.com/duroxide-pg/migrations/internal/testenv/upstream"
+)
+
+// Start states other than "the pack at version N": databases as production
+// has them. Each is built once per test binary and cloned per test.
+
+// UpstreamShaped is a database shaped like one duroxide-pg's own runner
+// left at upstream version u: upstream's catalog, rows of the upstream
+// versions up to u in _duroxide_migrations, no goose table, no fix. Its
+// function texts are the pack's ports (RealProvider has upstream's own).
+// It is built by the pack up to its port of u, then the fixes below that
+// port are taken back and goose's table is dropped.
+func (p *Pool) UpstreamShaped(t testing.TB, u int64) *Database {
+	t.Helper()
+	port, ok := migrations.PortOf(u)
+	if !ok {
+		t.Fatalf("the pack has no port of upstream version %d", u)
+	}
+	return p.NewState(t, fmt.Sprintf("upstream-shaped-%d", u), port.Version, func(ctx context.Context, db *Database) error {
+		r, err := migrate.Open(ctx, db.DSN, migrate.Options{Schema: db.Schema})
+		if err != nil {
+			return err
+		}
+		defer r.Close()
+		fixes := migrations.Fixes()
+		slices.Reverse(fixes)
+		for _, m := range fixes {
+			if m.Version < port.Version {
+				if err := r.ApplyVersion(ctx, m.Version, false); err != nil {
+					return err
+				}
+			}
+		}
+		return db.exec(ctx, "DROP TABLE "+db.Qualify(migrate.VersionTable))
+	})
+}
+
+// RealProvider is a database made by the real duroxide-pg provider
+// (upstream.AddonPackage): upstream's own runner applied upstream's own
+// migrations (1..21 and 23) into the schema. t is skipped with the reason
+// when the provider is missing (see upstream.Require).
+func (p *Pool) RealProvider(t testing.TB) *Database {
+	t.Helper()
+	provider := upstream.Require(t)
+	return p.NewState(t, "real-provider", 0, func(ctx context.Context, db *Database) error {
+		return provider.Migrate(ctx, db.DSN, db.Schema)
+	})
+}
+
+// PackThenProvider is a database the pack built at version v and the real
+// duroxide-pg provider then opened: its runner applies the upstream
+// versions the pack had not recorded.
+func (p *Pool) PackThenProvider(t testing.TB, v int64) *Database {
+	t.Helper()
+	provider := upstream.Require(t)
+	return p.NewState(t, fmt.Sprintf("pack-%d-then-provider", v), v, func(ctx context.Context, db *Database) error {
+		return provider.Migrate(ctx, db.DSN, db.Schema)
+	})
+}
+
+func (d *Database) exec(ctx context.Context, sql string) error {
+	conn, err := pgx.Connect(ctx, d.DSN)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(ctx)
+	_, err = conn.Exec(ctx, sql)
+	return err
+}
