@@ -13,7 +13,7 @@ import (
 
 // runBaseline adopts a database created by duroxide-pg's own runner: see
 // package baseline.
-func runBaseline(ctx context.Context, env *Env, args []string) error {
+func runBaseline(ctx context.Context, env *env, args []string) error {
 	fs := newFlags(env, "baseline")
 	var t target
 	t.register(fs)

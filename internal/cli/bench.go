@@ -23,7 +23,7 @@ const benchSummary = "speed before and after the pack's fixes, side by side in o
 // fetch_orchestration_item (the worker scenario: before and after the
 // worker fixes), on a throwaway server (or --dsn), a table of medians and
 // ratios on stdout, a progress line on stderr.
-func runBench(ctx context.Context, env *Env, args []string) error {
+func runBench(ctx context.Context, env *env, args []string) error {
 	def := bench.Defaults()
 	fs := newFlags(env, "bench")
 	dsn := fs.String("dsn", "", "use this existing server (a database is created and dropped) instead of a throwaway one")

@@ -34,7 +34,7 @@ func TestBenchUsageErrors(t *testing.T) {
 		{"--hot-lock-timeout", "-1s"},
 	} {
 		var out, errOut bytes.Buffer
-		env := &Env{Stdout: &out, Stderr: &errOut}
+		env := &env{Stdout: &out, Stderr: &errOut}
 		code := report(env, runBench(context.Background(), env, args))
 		require.Equal(t, ExitUsage, code, "%v", args)
 		require.Equal(t, 1, strings.Count(errOut.String(), "\n"), "one line for %v: %q", args, errOut.String())
@@ -43,7 +43,7 @@ func TestBenchUsageErrors(t *testing.T) {
 
 func TestBenchHelp(t *testing.T) {
 	var out bytes.Buffer
-	env := &Env{Stdout: &out, Stderr: &out}
+	env := &env{Stdout: &out, Stderr: &out}
 	err := runBench(context.Background(), env, []string{"-h"})
 	require.True(t, errors.Is(err, flag.ErrHelp))
 	require.Contains(t, out.String(), "-rounds")
@@ -84,7 +84,7 @@ func TestBenchScaleAtTinySizesPrintsTheScaleTableAndTargets(t *testing.T) {
 	dir := t.TempDir()
 	code, stdout, stderr := runCmd(t, runBench, "--scenarios", "scale", "--scale-blocked", "10,100", "--scale-completed", "0,20",
 		"--scale-calls", "7", "--scale-idle-dispatchers", "2", "--scale-idle-duration", "200ms", "--report", dir)
-	require.Equal(t, ExitOK, code, "stdout:\n%s\nstderr:\n%s", stdout, stderr)
+	require.Equal(t, exitOK, code, "stdout:\n%s\nstderr:\n%s", stdout, stderr)
 	before, after := bench.ScaleVersions()
 	for _, want := range []string{fmt.Sprintf("before (schema %d, before the first fetch fix) and after (schema %d, the pack's latest)", before, after),
 		"spread K=100", "fan_in K=10", "idle N=2 K=100", "completed C=20", "one-row fetch, steady", "server CPU per second",

@@ -20,11 +20,11 @@ import (
 // sysexits.h, so that monitoring can tell a broken check from a critical
 // database.
 const (
-	ExitOK      = 0
-	ExitFailure = 1 // the command ran and found a problem (e.g. a repro verdict); doctor: warning
-	// ExitCritical is doctor's "critical" verdict, also given when the
+	exitOK      = 0
+	exitFailure = 1 // the command ran and found a problem (e.g. a repro verdict); doctor: warning
+	// exitCritical is doctor's "critical" verdict, also given when the
 	// database cannot be reached or read.
-	ExitCritical = 2
+	exitCritical = 2
 	ExitUsage    = 64 // bad input: the message says what to do
 )
 
@@ -55,11 +55,11 @@ func (e unreachableError) Unwrap() error { return e.usage }
 type command struct {
 	name    string
 	summary string
-	run     func(ctx context.Context, env *Env, args []string) error
+	run     func(ctx context.Context, env *env, args []string) error
 }
 
-// Env is what a command writes to.
-type Env struct {
+// env is what a command writes to.
+type env struct {
 	Stdout io.Writer
 	Stderr io.Writer
 }
@@ -80,13 +80,13 @@ func commands() []command {
 // Run executes the command line args (without the program name) and returns
 // the process exit code.
 func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	env := &Env{Stdout: stdout, Stderr: stderr}
+	env := &env{Stdout: stdout, Stderr: stderr}
 	if len(args) == 0 || args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
 		printHelp(stdout)
 		if len(args) == 0 {
 			return ExitUsage
 		}
-		return ExitOK
+		return exitOK
 	}
 	for _, c := range commands() {
 		if c.name == args[0] {
@@ -96,12 +96,12 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	return report(env, usagef("unknown command %q: run `harness help` for the list", args[0]))
 }
 
-func report(env *Env, err error) int {
+func report(env *env, err error) int {
 	if err == nil {
-		return ExitOK
+		return exitOK
 	}
 	if errors.Is(err, flag.ErrHelp) {
-		return ExitOK
+		return exitOK
 	}
 	var x exitError
 	if errors.As(err, &x) {
@@ -118,10 +118,10 @@ func report(env *Env, err error) int {
 		if f.msg != "" {
 			fmt.Fprintln(env.Stderr, "harness: "+f.msg)
 		}
-		return ExitFailure
+		return exitFailure
 	}
 	fmt.Fprintln(env.Stderr, "harness: "+err.Error())
-	return ExitFailure
+	return exitFailure
 }
 
 // failure is a command that ran to the end with a negative verdict.
@@ -150,7 +150,7 @@ func printHelp(w io.Writer) {
 
 // newFlags makes a flag set that reports errors instead of exiting; -h
 // prints its flags to stdout, a bad flag is a one-line usage error.
-func newFlags(env *Env, name string) *flag.FlagSet {
+func newFlags(env *env, name string) *flag.FlagSet {
 	fs := flag.NewFlagSet("harness "+name, flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	fs.Usage = func() {

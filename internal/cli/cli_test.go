@@ -44,25 +44,25 @@ func TestMigrateUpThenVersionAndStatus(t *testing.T) {
 	dsn := srv.DSN(name)
 
 	code, out, errOut := run(t, "migrate", "up", "--dsn", dsn, "--schema", "s", "--to", "19")
-	require.Equal(t, ExitOK, code, errOut)
+	require.Equal(t, exitOK, code, errOut)
 	require.Contains(t, out, "now at version 19 (schema s)")
 
 	code, out, _ = run(t, "migrate", "up", "--dsn", dsn, "--schema", "s")
-	require.Equal(t, ExitOK, code)
+	require.Equal(t, exitOK, code)
 	code, out, _ = run(t, "migrate", "version", "--dsn", dsn, "--schema", "s")
-	require.Equal(t, ExitOK, code)
+	require.Equal(t, exitOK, code)
 	latest := migrations.Latest()
 	require.Equal(t, fmt.Sprintf("%d\n", latest), out, "version prints the newest version")
 
 	code, out, _ = run(t, "migrate", "status", "--dsn", dsn, "--schema", "s")
-	require.Equal(t, ExitOK, code)
+	require.Equal(t, exitOK, code)
 	lines := strings.Split(strings.TrimSpace(out), "\n")
 	require.Len(t, lines, int(latest)+1, "a header and one line per migration")
 	require.Contains(t, lines[1], "0001_initial_schema.sql")
 	require.Contains(t, lines[latest], "applied")
 
 	code, out, _ = run(t, "migrate", "down", "--dsn", dsn, "--schema", "s", "--to", "19")
-	require.Equal(t, ExitOK, code)
+	require.Equal(t, exitOK, code)
 	require.Contains(t, out, "now at version 19")
 }
 
@@ -105,7 +105,7 @@ func TestEnvironmentFromGooseYAML(t *testing.T) {
 	require.NoError(t, os.WriteFile(cfg, []byte("schema: fromfile\nenvironments:\n  test:\n    dsn_env: CLI_TEST_DSN\n"), 0o644))
 	t.Setenv("CLI_TEST_DSN", srv.DSN(name))
 	code, out, errOut := run(t, "migrate", "up", "--config", cfg, "--env", "test", "--to", "3")
-	require.Equal(t, ExitOK, code, errOut)
+	require.Equal(t, exitOK, code, errOut)
 	require.Contains(t, out, "now at version 3 (schema fromfile)")
 }
 
@@ -114,7 +114,7 @@ func TestSQLWritesAScriptAndRefusesBadInput(t *testing.T) {
 	dsn := srv.DSN("postgres")
 	file := filepath.Join(t.TempDir(), "up.sql")
 	code, _, errOut := run(t, "sql", "up", "--dsn", dsn, "--schema", "scripted", "--to", "21", "-o", file)
-	require.Equal(t, ExitOK, code, errOut)
+	require.Equal(t, exitOK, code, errOut)
 	require.Contains(t, errOut, "21 migration(s), goose version 0 -> 21 of schema scripted")
 	text, err := os.ReadFile(file)
 	require.NoError(t, err)

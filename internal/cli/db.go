@@ -10,7 +10,7 @@ import (
 	"github.com/duroxide-pg/migrations/internal/testenv/pgtest"
 )
 
-func runDB(ctx context.Context, env *Env, args []string) error {
+func runDB(ctx context.Context, env *env, args []string) error {
 	fs := newFlags(env, "db")
 	backend := fs.String("backend", "", "auto, local, dsn or docker (default $HARNESS_BACKEND, else auto)")
 	migrateTo := fs.Int64("migrate", 0, "also apply migrations up to this version into schema duroxide (0: none)")

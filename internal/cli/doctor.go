@@ -18,7 +18,7 @@ import (
 // runDoctor checks a duroxide schema (package doctor). Exit codes, for
 // monitoring: 0 ok, 1 warning, 2 critical (also when the database cannot be
 // reached or read: an unknown state is treated as critical), 64 bad input.
-func runDoctor(ctx context.Context, env *Env, args []string) error {
+func runDoctor(ctx context.Context, env *env, args []string) error {
 	fs := newFlags(env, "doctor")
 	var t target
 	t.register(fs)
@@ -65,7 +65,7 @@ func runDoctor(ctx context.Context, env *Env, args []string) error {
 		case "prometheus":
 			_ = (&doctor.Report{Schema: t.schema, Status: doctor.Critical}).WritePrometheus(env.Stdout)
 		}
-		return exitError{code: ExitCritical, msg: msg}
+		return exitError{code: exitCritical, msg: msg}
 	}
 	if err := t.resolve(); err != nil {
 		return err
@@ -148,7 +148,7 @@ func runDoctor(ctx context.Context, env *Env, args []string) error {
 func verdict(rep *doctor.Report) error {
 	switch rep.Status {
 	case doctor.Critical:
-		return exitError{code: ExitCritical, msg: "doctor: critical: " + worst(rep, doctor.Critical)}
+		return exitError{code: exitCritical, msg: "doctor: critical: " + worst(rep, doctor.Critical)}
 	case doctor.Warning:
 		return failure{msg: "doctor: warning: " + worst(rep, doctor.Warning)}
 	}
@@ -158,7 +158,7 @@ func verdict(rep *doctor.Report) error {
 // watchDoctor checks every interval until ctx ends (Ctrl-C), rewriting one
 // line: the time, the status, and what changed it. It ends with a newline
 // and the exit code of the last check.
-func watchDoctor(ctx context.Context, env *Env, db doctor.Querier, opts doctor.Options, interval time.Duration) error {
+func watchDoctor(ctx context.Context, env *env, db doctor.Querier, opts doctor.Options, interval time.Duration) error {
 	var last *doctor.Report
 	for checks := 1; ; checks++ {
 		rep, err := doctor.Check(ctx, db, opts)

@@ -19,11 +19,11 @@ func TestDoctorExitCodes(t *testing.T) {
 	t.Parallel()
 	latest := dbs.New(t, migrations.Latest())
 	code, out, errOut := runCmd(t, runDoctor, "--dsn", latest.DSN, "--schema", latest.Schema)
-	require.Equal(t, ExitOK, code, out+errOut)
+	require.Equal(t, exitOK, code, out+errOut)
 	require.Contains(t, out, "schema duroxide: OK")
 
 	code, out, _ = runCmd(t, runDoctor, "--dsn", latest.DSN, "--schema", latest.Schema, "--json")
-	require.Equal(t, ExitOK, code)
+	require.Equal(t, exitOK, code)
 	var rep map[string]any
 	require.NoError(t, json.Unmarshal([]byte(out), &rep))
 	require.Equal(t, "ok", rep["status"])
@@ -56,16 +56,16 @@ func TestDoctorResetAttempts(t *testing.T) {
 	require.Equal(t, 1, code, "trapped messages are a warning")
 
 	code, out, errOut := runCmd(t, runDoctor, append(base, "--reset-attempts", "a")...)
-	require.Equal(t, ExitOK, code, errOut)
+	require.Equal(t, exitOK, code, errOut)
 	require.Contains(t, out, "dry run")
 	code, _, _ = runCmd(t, runDoctor, base...)
 	require.Equal(t, 1, code, "a dry run changes nothing")
 
 	code, out, errOut = runCmd(t, runDoctor, append(base, "--reset-attempts", "a", "b", "--apply")...)
-	require.Equal(t, ExitOK, code, errOut)
+	require.Equal(t, exitOK, code, errOut)
 	require.Contains(t, out, "reset attempt_count to 0 on 2 message(s)")
 	code, out, _ = runCmd(t, runDoctor, base...)
-	require.Equal(t, ExitOK, code, out)
+	require.Equal(t, exitOK, code, out)
 }
 
 func TestDoctorBadInput(t *testing.T) {
@@ -85,21 +85,21 @@ func TestDoctorBadInput(t *testing.T) {
 func TestDoctorExitCodesTellACriticalDatabaseFromABrokenCheck(t *testing.T) {
 	t.Parallel()
 	code, out, errOut := runCmd(t, runDoctor, "--json", "--dsn", "postgres://u:hunter2@127.0.0.1:1/db?connect_timeout=2")
-	require.Equal(t, ExitCritical, code, "a database that cannot be reached is critical")
+	require.Equal(t, exitCritical, code, "a database that cannot be reached is critical")
 	require.Contains(t, errOut, "critical")
 	require.Contains(t, out, `"status":"critical"`)
 	require.NotContains(t, out+errOut, "hunter2", "passwords are never printed")
 
 	code, _, errOut = runCmd(t, runDoctor, "--dsn", "postgres://u@%zz/db")
 	require.Equal(t, ExitUsage, code, "a malformed DSN is bad input: %s", errOut)
-	require.NotEqual(t, ExitCritical, ExitUsage, "monitoring can tell them apart")
+	require.NotEqual(t, exitCritical, ExitUsage, "monitoring can tell them apart")
 }
 
 func TestDoctorWritesPrometheusTextForTheTextfileCollector(t *testing.T) {
 	t.Parallel()
 	latest := dbs.New(t, migrations.Latest())
 	code, out, errOut := runCmd(t, runDoctor, "--dsn", latest.DSN, "--schema", latest.Schema, "--format", "prometheus")
-	require.Equal(t, ExitOK, code, errOut)
+	require.Equal(t, exitOK, code, errOut)
 	require.Contains(t, out, "# TYPE duroxide_doctor_status gauge\n")
 	require.Contains(t, out, `duroxide_doctor_status{schema="duroxide"} 0`)
 	for _, m := range migrations.Fixes() {
@@ -111,12 +111,12 @@ func TestDoctorWritesPrometheusTextForTheTextfileCollector(t *testing.T) {
 
 	d19 := dbs.New(t, migrations.LastContiguousPort())
 	code, out, _ = runCmd(t, runDoctor, "--dsn", d19.DSN, "--schema", d19.Schema, "--format", "prometheus")
-	require.Equal(t, ExitFailure, code, "a warning exits 1 in every format")
+	require.Equal(t, exitFailure, code, "a warning exits 1 in every format")
 	require.Contains(t, out, `duroxide_doctor_status{schema="duroxide"} 1`)
 	require.Contains(t, out, `duroxide_doctor_check{schema="duroxide",check="fetch_orchestration_item"} 1`)
 
 	code, out, _ = runCmd(t, runDoctor, "--format", "prometheus", "--dsn", "postgres://u@127.0.0.1:1/db?connect_timeout=2")
-	require.Equal(t, ExitCritical, code)
+	require.Equal(t, exitCritical, code)
 	require.Contains(t, out, `duroxide_doctor_status{schema="duroxide"} 2`, "an unreachable database still writes a status for the alert")
 
 	code, _, errOut = runCmd(t, runDoctor, "--format", "yaml", "--dsn", latest.DSN)
@@ -129,7 +129,7 @@ func TestDoctorWatchRewritesOneLineUntilStopped(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var out, errOut syncBuffer
-	env := &Env{Stdout: &out, Stderr: &errOut}
+	env := &env{Stdout: &out, Stderr: &errOut}
 	done := make(chan int)
 	go func() {
 		done <- report(env, runDoctor(ctx, env, []string{"--dsn", latest.DSN, "--schema", latest.Schema, "--watch", "100ms"}))
@@ -137,7 +137,7 @@ func TestDoctorWatchRewritesOneLineUntilStopped(t *testing.T) {
 	require.Eventually(t, func() bool { return strings.Contains(out.String(), "(check 3,") }, 20*time.Second, 20*time.Millisecond,
 		"three checks, one per interval")
 	cancel() // Ctrl-C
-	require.Equal(t, ExitOK, <-done, errOut.String())
+	require.Equal(t, exitOK, <-done, errOut.String())
 	got := out.String()
 	require.True(t, strings.HasSuffix(got, "\n"), "the line is ended when it stops")
 	require.Zero(t, strings.Count(strings.TrimSuffix(got, "\n"), "\n"), "one line, rewritten in place: %q", got)

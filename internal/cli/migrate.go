@@ -87,7 +87,7 @@ func pgErrText(err error) string {
 	return pgtest.Redact(err.Error())
 }
 
-func runMigrate(ctx context.Context, env *Env, args []string) error {
+func runMigrate(ctx context.Context, env *env, args []string) error {
 	fs := newFlags(env, "migrate")
 	var t target
 	t.register(fs)
@@ -207,7 +207,7 @@ func missingWhat(st *migrate.State) string {
 
 // printStatus lists every migration of the pack with its state, as goose's
 // status does, from what ReadState read.
-func printStatus(env *Env, t target, st *migrate.State) error {
+func printStatus(env *env, t target, st *migrate.State) error {
 	sources, err := migrate.Sources(t.cfg.MigrationsFS())
 	if err != nil {
 		return err
@@ -227,7 +227,7 @@ func printStatus(env *Env, t target, st *migrate.State) error {
 	return tw.Flush()
 }
 
-func printVersion(ctx context.Context, env *Env, r *migrate.Runner, prefix string) error {
+func printVersion(ctx context.Context, env *env, r *migrate.Runner, prefix string) error {
 	v, err := r.Version(ctx)
 	if err != nil {
 		return err

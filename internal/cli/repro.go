@@ -27,7 +27,7 @@ type reproSetup struct {
 
 // setupRepro starts (or borrows, with dsn) a server, creates a database and
 // migrates schema duroxide_v<N> to N for every version.
-func setupRepro(ctx context.Context, env *Env, dsn string, versions []int64) (*reproSetup, error) {
+func setupRepro(ctx context.Context, env *env, dsn string, versions []int64) (*reproSetup, error) {
 	srv, err := obtainServer(ctx, dsn)
 	if err != nil {
 		return nil, err
@@ -58,7 +58,7 @@ const reproUsage = "usage: harness repro [minimal|organic|worker-minimal|worker|
 // reproKinds are the repros, in the order `all` runs them.
 func reproKinds() []string { return repro.Kinds() }
 
-func runRepro(ctx context.Context, env *Env, args []string) error {
+func runRepro(ctx context.Context, env *env, args []string) error {
 	fs := newFlags(env, "repro")
 	dsn := fs.String("dsn", "", "use this existing server (a database is created and dropped) instead of a throwaway one")
 	bug, fix := repro.Versions()
@@ -239,7 +239,7 @@ func printed(err error, print func() error) error {
 
 // runOrganic runs the organic repro in the repro database, its dispatchers
 // connecting through a PgBouncer in bouncerMode when that is not empty.
-func runOrganic(ctx context.Context, setup *reproSetup, cfg dispatch.Config, bouncerMode string, env *Env, progress func(string)) (repro.OrganicResult, error) {
+func runOrganic(ctx context.Context, setup *reproSetup, cfg dispatch.Config, bouncerMode string, env *env, progress func(string)) (repro.OrganicResult, error) {
 	if bouncerMode != "" {
 		b, err := pgtest.StartPgBouncer(ctx, setup.srv, bouncerMode)
 		if err != nil {

@@ -31,7 +31,7 @@ func TestRuntimeReproShowsTheSymptomOnUpstreamOnly(t *testing.T) {
 	srv := startServer(t)
 	out := filepath.Join(t.TempDir(), "repro.json")
 	code, stdout, stderr := run(t, "repro", "runtime", "--runtime-holds", "2", "--runtime-hold", "6s", "--json", out, "--dsn", srv.DSN("postgres"))
-	require.Equal(t, ExitOK, code, "stdout: %s\nstderr: %s", stdout, stderr)
+	require.Equal(t, exitOK, code, "stdout: %s\nstderr: %s", stdout, stderr)
 	require.Contains(t, stdout, "the deterministic form")
 	require.Contains(t, stdout, "verdict: reproduced on upstream, fixed on the pack")
 	raw, err := os.ReadFile(out)

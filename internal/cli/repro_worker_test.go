@@ -40,7 +40,7 @@ func TestWorkerReproUsageErrors(t *testing.T) {
 
 func TestReproHelpListsTheWorkerFlags(t *testing.T) {
 	code, out, _ := run(t, "repro", "-h")
-	require.Equal(t, ExitOK, code)
+	require.Equal(t, exitOK, code)
 	for _, f := range []string{"-worker-versions", "-worker-runtimes", "-worker-slots", "-worker-duration", "-worker-lock-timeout"} {
 		require.Contains(t, out, f)
 	}

@@ -23,7 +23,7 @@ type soakSummary struct {
 	RestartsNote string `json:"restarts_note,omitempty"`
 }
 
-func runSoak(ctx context.Context, env *Env, args []string) error {
+func runSoak(ctx context.Context, env *env, args []string) error {
 	fs := newFlags(env, "soak")
 	duration := fs.Duration("duration", 5*time.Minute, "how long to soak")
 	round := fs.Duration("round", 20*time.Second, "length of one round (each round draws new parameters and reseeds)")

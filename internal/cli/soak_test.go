@@ -31,7 +31,7 @@ func TestSoakShort(t *testing.T) {
 	t.Parallel()
 	out := filepath.Join(t.TempDir(), "soak.json")
 	code, stdout, stderr := runCmd(t, runSoak, "--duration", "3s", "--round", "3s", "--no-restart", "--seed", "7", "--json", out)
-	require.Equal(t, ExitOK, code, "stdout:\n%s\nstderr:\n%s", stdout, stderr)
+	require.Equal(t, exitOK, code, "stdout:\n%s\nstderr:\n%s", stdout, stderr)
 	for _, want := range []string{"fetches returning a lease", "faults injected", "invariants checked", "violations", "verdict: every invariant held"} {
 		require.Contains(t, stdout, want)
 	}

@@ -17,7 +17,7 @@ import (
 
 // runSQL prints the SQL `harness migrate up|down` would run (package
 // sqlscript), for review and psql.
-func runSQL(ctx context.Context, env *Env, args []string) error {
+func runSQL(ctx context.Context, env *env, args []string) error {
 	fs := newFlags(env, "sql")
 	var t target
 	t.register(fs)

@@ -15,8 +15,8 @@ import (
 	"gopkg.in/yaml.v3"
 )
 
-// DefaultFile is the settings file looked for in the working directory.
-const DefaultFile = "goose.yaml"
+// defaultFile is the settings file looked for in the working directory.
+const defaultFile = "goose.yaml"
 
 // Config is the content of goose.yaml.
 type Config struct {
@@ -47,7 +47,7 @@ type Environment struct {
 func Load(path string) (*Config, error) {
 	explicit := path != ""
 	if !explicit {
-		path = DefaultFile
+		path = defaultFile
 	}
 	b, err := os.ReadFile(path)
 	if errors.Is(err, fs.ErrNotExist) && !explicit {

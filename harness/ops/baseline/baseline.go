@@ -38,8 +38,8 @@ import (
 //go:embed expected/*.json
 var Expected embed.FS
 
-// ExpectedCatalog is upstream's catalog at upstream version v.
-func ExpectedCatalog(v int64) (catalog.Snapshot, error) {
+// expectedCatalog is upstream's catalog at upstream version v.
+func expectedCatalog(v int64) (catalog.Snapshot, error) {
 	raw, err := Expected.ReadFile(fmt.Sprintf("expected/v%04d.json", v))
 	if err != nil {
 		return nil, fmt.Errorf("no expected catalog for upstream version %d: %w", v, err)
@@ -237,7 +237,7 @@ func Run(ctx context.Context, db *sql.DB, opts Options) (*Result, error) {
 	}
 
 	// 3. The catalog must be upstream's at State.
-	want, err := ExpectedCatalog(res.State)
+	want, err := expectedCatalog(res.State)
 	if err != nil {
 		return nil, err
 	}

@@ -20,11 +20,11 @@ type Querier interface {
 	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
 }
 
-// Query is a Go port of the reference catalog.sql: $1 is the schema name.
+// query is a Go port of the reference catalog.sql: $1 is the schema name.
 // It skips goose's version table and sequence, and the NOT NULL constraints
 // that PostgreSQL 18 records in pg_constraint (columns already carry
 // not_null), so that every server version gives upstream's shape.
-const Query = `
+const query = `
 SELECT jsonb_build_object(
  'tables', (SELECT coalesce(jsonb_agg(t ORDER BY t->>'name'), '[]') FROM (
    SELECT jsonb_build_object('name', c.relname,
@@ -48,10 +48,10 @@ SELECT jsonb_build_object(
  'sequences', (SELECT coalesce(jsonb_agg(c.relname ORDER BY c.relname), '[]') FROM pg_class c JOIN pg_namespace n ON n.oid=c.relnamespace WHERE n.nspname=$1::text AND c.relkind='S' AND c.relname NOT LIKE 'goose_db_version%')
 )::text`
 
-// BodiesQuery returns, for every function of schema $1, its identity and an
+// bodiesQuery returns, for every function of schema $1, its identity and an
 // md5 of its full definition (pg_get_functiondef), so that a Down can be
 // proved to restore the previous bodies, not just the signatures.
-const BodiesQuery = `
+const bodiesQuery = `
 SELECT coalesce(jsonb_object_agg(p.proname || '(' || pg_get_function_identity_arguments(p.oid) || ')',
                                  md5(pg_get_functiondef(p.oid))), '{}')::text
 FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
@@ -64,7 +64,7 @@ type Snapshot []byte
 // Take reads the catalog of schema through q.
 func Take(ctx context.Context, q Querier, schema string) (Snapshot, error) {
 	var raw string
-	if err := q.QueryRowContext(ctx, Query, schema).Scan(&raw); err != nil {
+	if err := q.QueryRowContext(ctx, query, schema).Scan(&raw); err != nil {
 		return nil, fmt.Errorf("read catalog of schema %s: %w", schema, err)
 	}
 	return Canonical([]byte(raw))
@@ -73,7 +73,7 @@ func Take(ctx context.Context, q Querier, schema string) (Snapshot, error) {
 // Bodies reads name(args) -> md5(pg_get_functiondef) for schema.
 func Bodies(ctx context.Context, q Querier, schema string) (map[string]string, error) {
 	var raw string
-	if err := q.QueryRowContext(ctx, BodiesQuery, schema).Scan(&raw); err != nil {
+	if err := q.QueryRowContext(ctx, bodiesQuery, schema).Scan(&raw); err != nil {
 		return nil, fmt.Errorf("read function bodies of schema %s: %w", schema, err)
 	}
 	out := map[string]string{}

@@ -40,8 +40,8 @@ func rank(s string) int {
 
 // Thresholds of the clock-skew check.
 const (
-	SkewWarning  = time.Second
-	SkewCritical = 30 * time.Second
+	skewWarning  = time.Second
+	skewCritical = 30 * time.Second
 )
 
 // Options tune Check.
@@ -261,9 +261,9 @@ func Check(ctx context.Context, q Querier, opts Options) (*Report, error) {
 	msg := fmt.Sprintf("database clock is %s %s this host (round trip %s)", skew, dir, t1.Sub(t0).Round(time.Millisecond))
 	fix := "sync both clocks (NTP/chrony); duroxide-pg leases are computed from the application host's clock"
 	switch {
-	case skew >= SkewCritical:
+	case skew >= skewCritical:
 		add(Critical, "clock", msg, fix)
-	case skew >= SkewWarning:
+	case skew >= skewWarning:
 		add(Warning, "clock", msg, fix)
 	default:
 		add(OK, "clock", msg, "")

@@ -21,7 +21,7 @@ import (
 	migrations "github.com/duroxide-pg/migrations"
 )
 
-// Query computes, for every function of schema $1, its identity (name and
+// query computes, for every function of schema $1, its identity (name and
 // identity arguments, as reference/fingerprint.sql prints them), the md5 of
 // its source, and the md5 of its source with every "<schema>." replaced by
 // "@schema@.". Upstream's texts qualify every table with their schema (the
@@ -29,7 +29,7 @@ import (
 // except that it also holds for a schema named duroxide, whose name the
 // reference's plain replace also finds inside column names such as
 // duroxide_version_major.
-const Query = `
+const query = `
 SELECT coalesce(jsonb_agg(jsonb_build_object(
          'name', p.proname,
          'identity', p.proname || '(' || pg_get_function_identity_arguments(p.oid) || ')',
@@ -60,7 +60,7 @@ type Querier interface {
 // Take reads the functions of schema, keyed by identity.
 func Take(ctx context.Context, q Querier, schema string) (map[string]Function, error) {
 	var raw string
-	if err := q.QueryRowContext(ctx, Query, schema).Scan(&raw); err != nil {
+	if err := q.QueryRowContext(ctx, query, schema).Scan(&raw); err != nil {
 		return nil, fmt.Errorf("fingerprint the functions of schema %s: %w", schema, err)
 	}
 	var list []Function

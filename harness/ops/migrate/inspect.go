@@ -58,10 +58,10 @@ func (s *State) AppliedAt(version int64) (time.Time, bool) {
 	return time.Time{}, false
 }
 
-// ReadState reads schema's goose table (table: VersionTable when empty)
+// readState reads schema's goose table (table: VersionTable when empty)
 // through db. It only reads: a missing schema or table is reported in
 // State, not created.
-func ReadState(ctx context.Context, db *sql.DB, schema, table string) (*State, error) {
+func readState(ctx context.Context, db *sql.DB, schema, table string) (*State, error) {
 	if table == "" {
 		table = VersionTable
 	}
@@ -115,7 +115,7 @@ func Inspect(ctx context.Context, dsn string, opts Options) (*State, error) {
 	if err := checkAdopted(ctx, db, opts.Schema, table); err != nil {
 		return nil, err
 	}
-	return ReadState(ctx, db, opts.Schema, table)
+	return readState(ctx, db, opts.Schema, table)
 }
 
 // Source is one migration file of a pack.
@@ -155,7 +155,7 @@ func CurrentVersion(ctx context.Context, dsn, schema string) (int64, error) {
 		return 0, err
 	}
 	defer db.Close()
-	st, err := ReadState(ctx, db, schema, VersionTable)
+	st, err := readState(ctx, db, schema, VersionTable)
 	if err != nil {
 		return 0, err
 	}

@@ -64,17 +64,17 @@ func WorkerVersions() (bug, fix int64) { return migrations.WorkerFix() }
 
 // Scenario names (also the JSON values).
 const (
-	Backlog   = "backlog"
+	backlog   = "backlog"
 	Hot       = "hot"
-	QueueOnly = "queue_only"
+	queueOnly = "queue_only"
 	Migrate   = "migrate"
 	Worker    = "worker"
-	Scale     = "scale"
+	scale     = "scale"
 )
 
-// AllScenarios lists every scenario in the order a round runs them.
-func AllScenarios() []string {
-	return []string{Backlog, Hot, QueueOnly, Migrate, Worker, Scale, Runtime}
+// allScenarios lists every scenario in the order a round runs them.
+func allScenarios() []string {
+	return []string{backlog, Hot, queueOnly, Migrate, Worker, scale, Runtime}
 }
 
 // Config is a benchmark run. Zero fields take Defaults' values, except the
@@ -85,7 +85,7 @@ type Config struct {
 	Rounds int `json:"rounds"`
 	// Duration is how long one cell runs, per version and round.
 	Duration time.Duration `json:"-"`
-	// Scenarios to run, from AllScenarios.
+	// Scenarios to run, from allScenarios.
 	Scenarios []string `json:"scenarios"`
 
 	BacklogInstances   int           `json:"backlog_instances"`
@@ -163,7 +163,7 @@ func Defaults() Config {
 	return Config{
 		Rounds:                          3,
 		Duration:                        2500 * time.Millisecond,
-		Scenarios:                       AllScenarios(),
+		Scenarios:                       allScenarios(),
 		BacklogInstances:                200,
 		BacklogHistory:                  500,
 		BacklogDispatchers:              []int{1, 4, 8, 16},
@@ -225,7 +225,7 @@ func (c Config) WithDefaults() Config {
 func (c Config) Validate() error {
 	for _, s := range c.Scenarios {
 		if !validScenario(s) {
-			return fmt.Errorf("bench: unknown scenario %q (have %s)", s, strings.Join(AllScenarios(), ", "))
+			return fmt.Errorf("bench: unknown scenario %q (have %s)", s, strings.Join(allScenarios(), ", "))
 		}
 	}
 	for _, n := range append(append(append([]int(nil), c.BacklogDispatchers...), c.QueueDispatchers...), c.WorkerDispatchers...) {
@@ -241,13 +241,13 @@ func (c Config) Validate() error {
 			return err
 		}
 	}
-	if c.has(Scale) {
+	if c.has(scale) {
 		return c.validateScale()
 	}
 	return nil
 }
 
-func validScenario(s string) bool { return slices.Contains(AllScenarios(), s) }
+func validScenario(s string) bool { return slices.Contains(allScenarios(), s) }
 
 func (c Config) has(s string) bool { return slices.Contains(c.Scenarios, s) }
 
@@ -348,13 +348,13 @@ type Progress struct {
 func (c Config) Steps() int {
 	c = c.WithDefaults()
 	per := 0
-	if c.has(Backlog) {
+	if c.has(backlog) {
 		per += 2 * len(c.BacklogDispatchers)
 	}
 	if c.has(Hot) {
 		per += 2
 	}
-	if c.has(QueueOnly) {
+	if c.has(queueOnly) {
 		per += 3 * len(c.QueueDispatchers)
 	}
 	if c.has(Migrate) {
@@ -363,11 +363,11 @@ func (c Config) Steps() int {
 	if c.has(Worker) {
 		per += c.workerSteps()
 	}
-	if c.has(Scale) {
+	if c.has(scale) {
 		per += 2 * len(scaleCells(c, 0, 0))
 	}
 	if c.has(Runtime) {
-		per += len(RuntimeSides()) * len(runtimeCells(c))
+		per += len(runtimeSides()) * len(runtimeCells(c))
 	}
 	return per * c.Rounds
 }
@@ -436,11 +436,11 @@ func Run(ctx context.Context, srv *pgtest.Server, cfg Config, progress func(Prog
 		return nil
 	}
 	bugVersion, fixVersion := Versions()
-	versions := map[string]int64{SideBefore: bugVersion, SideAfter: fixVersion}
+	versions := map[string]int64{sideBefore: bugVersion, sideAfter: fixVersion}
 	progress(Progress{Steps: cfg.Steps(), Rounds: cfg.Rounds, Label: "migrating and seeding the schemas", Elapsed: time.Since(start)})
-	for _, side := range []string{SideBefore, SideAfter} {
-		if cfg.has(Backlog) {
-			if err := prep(Backlog, side, versions[side], backlogConfig(cfg, 1), false); err != nil {
+	for _, side := range []string{sideBefore, sideAfter} {
+		if cfg.has(backlog) {
+			if err := prep(backlog, side, versions[side], backlogConfig(cfg, 1), false); err != nil {
 				return res, err
 			}
 		}
@@ -449,21 +449,21 @@ func Run(ctx context.Context, srv *pgtest.Server, cfg Config, progress func(Prog
 				return res, err
 			}
 		}
-		if cfg.has(QueueOnly) {
-			if err := prep(QueueOnly, side, versions[side], queueConfig(cfg, 1), true); err != nil {
+		if cfg.has(queueOnly) {
+			if err := prep(queueOnly, side, versions[side], queueConfig(cfg, 1), true); err != nil {
 				return res, err
 			}
 		}
 	}
-	if cfg.has(QueueOnly) {
-		if err := prep(QueueOnly, SideBaseline, fixVersion, queueConfig(cfg, 1), true); err != nil {
+	if cfg.has(queueOnly) {
+		if err := prep(queueOnly, sideBaseline, fixVersion, queueConfig(cfg, 1), true); err != nil {
 			return res, err
 		}
 	}
 
 	if cfg.has(Hot) && cfg.HotLockTimeout == 0 {
 		progress(Progress{Steps: cfg.Steps(), Rounds: cfg.Rounds, Label: "calibrating the hot lock timeout", Elapsed: time.Since(start)})
-		cal, err := calibrateHot(ctx, dsn, schemas[key{Hot, SideBefore}], cfg)
+		cal, err := calibrateHot(ctx, dsn, schemas[key{Hot, sideBefore}], cfg)
 		if err != nil {
 			return res, err
 		}
@@ -492,9 +492,9 @@ func Run(ctx context.Context, srv *pgtest.Server, cfg Config, progress func(Prog
 		})
 	}
 	for round := 1; round <= cfg.Rounds; round++ {
-		if cfg.has(Backlog) {
+		if cfg.has(backlog) {
 			for _, n := range cfg.BacklogDispatchers {
-				if err := dispatchCell(round, Backlog, n, backlogConfig(cfg, n)); err != nil {
+				if err := dispatchCell(round, backlog, n, backlogConfig(cfg, n)); err != nil {
 					return res, err
 				}
 			}
@@ -504,18 +504,18 @@ func Run(ctx context.Context, srv *pgtest.Server, cfg Config, progress func(Prog
 				return res, err
 			}
 		}
-		if cfg.has(QueueOnly) {
+		if cfg.has(queueOnly) {
 			for _, n := range cfg.QueueDispatchers {
-				if err := dispatchCell(round, QueueOnly, n, queueConfig(cfg, n)); err != nil {
+				if err := dispatchCell(round, queueOnly, n, queueConfig(cfg, n)); err != nil {
 					return res, err
 				}
-				c := cellOf[(&Cell{Scenario: QueueOnly, Dispatchers: n}).Name()]
+				c := cellOf[(&Cell{Scenario: queueOnly, Dispatchers: n}).Name()]
 				note(round, c.Name()+" baseline")
-				sample, err := runBaselineCell(ctx, dsn, schemas[key{QueueOnly, SideBaseline}], n, cfg, cpu)
+				sample, err := runBaselineCell(ctx, dsn, schemas[key{queueOnly, sideBaseline}], n, cfg, cpu)
 				if err != nil {
 					return res, fmt.Errorf("bench: %s baseline round %d: %w", c.Name(), round, err)
 				}
-				c.record(round, SideBaseline, sample)
+				c.record(round, sideBaseline, sample)
 			}
 		}
 		if cfg.has(Migrate) {
@@ -537,7 +537,7 @@ func Run(ctx context.Context, srv *pgtest.Server, cfg Config, progress func(Prog
 	if wb != nil {
 		res.Worker = wb.finish()
 	}
-	if cfg.has(Scale) {
+	if cfg.has(scale) {
 		if res.Scale, err = runScale(ctx, dsn, cfg, cpu, note); err != nil {
 			return res, err
 		}
@@ -550,7 +550,7 @@ func Run(ctx context.Context, srv *pgtest.Server, cfg Config, progress func(Prog
 	for i := range res.Cells {
 		res.Cells[i].computeFigures()
 	}
-	res.Targets = append(EvaluateTargets(&res), runtimeTargets(res.Runtime)...)
+	res.Targets = append(evaluateTargets(&res), runtimeTargets(res.Runtime)...)
 	res.TotalS = time.Since(start).Seconds()
 	return res, nil
 }
@@ -561,9 +561,9 @@ func cells(cfg Config, before, after int64) []Cell {
 	var out []Cell
 	cmp := Comparison[Sample]{BeforeVersion: before, AfterVersion: after}
 	dur := cfg.Duration.Seconds()
-	if cfg.has(Backlog) {
+	if cfg.has(backlog) {
 		for _, n := range cfg.BacklogDispatchers {
-			out = append(out, Cell{Scenario: Backlog, Dispatchers: n, Instances: cfg.BacklogInstances, HistoryEvents: cfg.BacklogHistory,
+			out = append(out, Cell{Scenario: backlog, Dispatchers: n, Instances: cfg.BacklogInstances, HistoryEvents: cfg.BacklogHistory,
 				LockTimeoutMs: cfg.BacklogLockTimeout.Milliseconds(), DurationS: dur, Comparison: cmp})
 		}
 	}
@@ -571,9 +571,9 @@ func cells(cfg Config, before, after int64) []Cell {
 		out = append(out, Cell{Scenario: Hot, Dispatchers: cfg.HotDispatchers, Instances: 1, HistoryEvents: cfg.HotHistory,
 			LockTimeoutMs: cfg.HotLockTimeout.Milliseconds(), DurationS: dur, Comparison: cmp})
 	}
-	if cfg.has(QueueOnly) {
+	if cfg.has(queueOnly) {
 		for _, n := range cfg.QueueDispatchers {
-			out = append(out, Cell{Scenario: QueueOnly, Dispatchers: n, Instances: cfg.QueueInstances, HistoryEvents: 0,
+			out = append(out, Cell{Scenario: queueOnly, Dispatchers: n, Instances: cfg.QueueInstances, HistoryEvents: 0,
 				LockTimeoutMs: cfg.QueueLockTimeout.Milliseconds(), DurationS: dur, Comparison: cmp})
 		}
 	}
@@ -698,7 +698,7 @@ func runDispatch(ctx context.Context, dsn string, p prepared, dcfg dispatch.Conf
 		return Sample{}, err
 	}
 	cpuS := w.end()
-	s := SampleFromEvents(log.Events(), log.Elapsed())
+	s := sampleFromEvents(log.Events(), log.Elapsed())
 	s.setCPU(cpuS)
 	return s, nil
 }
@@ -743,8 +743,8 @@ type Target struct {
 	Reason string `json:"reason,omitempty"`
 }
 
-// EvaluateTargets checks the issue's targets against the medians.
-func EvaluateTargets(r *Result) []Target {
+// evaluateTargets checks the issue's targets against the medians.
+func evaluateTargets(r *Result) []Target {
 	if len(r.Cells) == 0 {
 		// Only the worker or the scale scenario ran.
 		return scaleTargets(r)
@@ -779,29 +779,29 @@ func EvaluateTargets(r *Result) []Target {
 		out = append(out, t)
 	}
 	if len(r.Settings.BacklogDispatchers) > 0 {
-		ratioTarget("backlog N=8: cycles/s, after vs before", Backlog, 8, "cycles_per_s", true, 1.5)
-		ratioTarget("backlog N=8: fetch p99, after vs before", Backlog, 8, "fetch_p99_ms", false, 0.5)
-		ratioTarget("backlog N=1: cycles/s, after vs before", Backlog, 1, "cycles_per_s", true, 0.95)
+		ratioTarget("backlog N=8: cycles/s, after vs before", backlog, 8, "cycles_per_s", true, 1.5)
+		ratioTarget("backlog N=8: fetch p99, after vs before", backlog, 8, "fetch_p99_ms", false, 0.5)
+		ratioTarget("backlog N=1: cycles/s, after vs before", backlog, 1, "cycles_per_s", true, 0.95)
 	}
 	ratioTarget("hot: cycles/s, after vs before", Hot, r.Settings.HotDispatchers, "cycles_per_s", true, 20)
 	hot := Target{Name: "hot: dead-on-arrival leases after the fix", Want: "0 in every round", Got: "not measured"}
 	if c := r.Cell(Hot, r.Settings.HotDispatchers); c != nil {
-		if m := c.maxOver(SideAfter, "dead_on_arrival"); m != nil {
+		if m := c.maxOver(sideAfter, "dead_on_arrival"); m != nil {
 			var per []string
 			total := 0.0
 			for _, rs := range c.Rounds {
-				if rs.Side == SideAfter && rs.Sample.DeadOnArrival != nil {
+				if rs.Side == sideAfter && rs.Sample.DeadOnArrival != nil {
 					per = append(per, num(rs.Sample.DeadOnArrival))
 					total += *rs.Sample.DeadOnArrival
 				}
 			}
 			hot.Measured, hot.Met = true, *m == 0
-			hot.Got = fmt.Sprintf("%s per round (%s of %s fetches)", strings.Join(per, ", "), num(&total), fetchesOf(c, SideAfter))
+			hot.Got = fmt.Sprintf("%s per round (%s of %s fetches)", strings.Join(per, ", "), num(&total), fetchesOf(c, sideAfter))
 		}
 	}
 	out = append(out, hot)
 	q := Target{Name: "queue_only N=1: cycles/s, after vs bare baseline", Want: ">= 0.50x", Got: "not measured"}
-	if c := r.Cell(QueueOnly, 1); c != nil {
+	if c := r.Cell(queueOnly, 1); c != nil {
 		if f := c.Figure("cycles_per_s"); f != nil && f.RatioToBaseline != nil {
 			q.Measured = true
 			q.Met = *f.RatioToBaseline >= 0.5

@@ -54,16 +54,16 @@ func TestMain(m *testing.M) {
 }
 
 func TestMedianAndRatio(t *testing.T) {
-	require.Nil(t, Median(nil))
-	require.Nil(t, Median([]*float64{nil, nil}))
-	require.Equal(t, 3.0, *Median([]*float64{fp(5), fp(1), fp(3)}))
-	require.Equal(t, 2.5, *Median([]*float64{fp(4), nil, fp(1), fp(3), fp(2)}))
-	require.Equal(t, 7.0, *Median([]*float64{nil, fp(7)}))
+	require.Nil(t, median(nil))
+	require.Nil(t, median([]*float64{nil, nil}))
+	require.Equal(t, 3.0, *median([]*float64{fp(5), fp(1), fp(3)}))
+	require.Equal(t, 2.5, *median([]*float64{fp(4), nil, fp(1), fp(3), fp(2)}))
+	require.Equal(t, 7.0, *median([]*float64{nil, fp(7)}))
 
-	require.InDelta(t, 2.0, *Ratio(fp(10), fp(5)), 1e-9)
-	require.Nil(t, Ratio(fp(1), fp(0)))
-	require.Nil(t, Ratio(nil, fp(1)))
-	require.Nil(t, Ratio(fp(1), nil))
+	require.InDelta(t, 2.0, *ratio(fp(10), fp(5)), 1e-9)
+	require.Nil(t, ratio(fp(1), fp(0)))
+	require.Nil(t, ratio(nil, fp(1)))
+	require.Nil(t, ratio(fp(1), nil))
 	require.Equal(t, "x / 0", ratioText(nil, fp(3), fp(0)))
 	require.Equal(t, "0 / 0", ratioText(nil, fp(0), fp(0)))
 	require.Equal(t, "n/a", ratioText(nil, nil, fp(1)))
@@ -94,47 +94,47 @@ func synthetic() *Result {
 	add := func(c Cell, before, after []Sample, base []Sample) {
 		c.BeforeVersion, c.AfterVersion = bug, fix
 		for i := range before {
-			c.Rounds = append(c.Rounds, RoundSample{Round: i + 1, Side: SideBefore, Sample: before[i]},
-				RoundSample{Round: i + 1, Side: SideAfter, Sample: after[i]})
+			c.Rounds = append(c.Rounds, roundSample{Round: i + 1, Side: sideBefore, Sample: before[i]},
+				roundSample{Round: i + 1, Side: sideAfter, Sample: after[i]})
 			if base != nil {
-				c.Rounds = append(c.Rounds, RoundSample{Round: i + 1, Side: SideBaseline, Sample: base[i]})
+				c.Rounds = append(c.Rounds, roundSample{Round: i + 1, Side: sideBaseline, Sample: base[i]})
 			}
 		}
 		c.computeFigures()
 		r.Cells = append(r.Cells, c)
 	}
-	add(Cell{Scenario: Backlog, Dispatchers: 1, Instances: 200, HistoryEvents: 500, LockTimeoutMs: 100},
+	add(Cell{Scenario: backlog, Dispatchers: 1, Instances: 200, HistoryEvents: 500, LockTimeoutMs: 100},
 		[]Sample{sample(50, 30, 0), sample(60, 20, 0), sample(55, 25, 0)},
 		[]Sample{sample(52, 30, 0), sample(58, 20, 0), sample(56, 25, 0)}, nil)
-	add(Cell{Scenario: Backlog, Dispatchers: 8, Instances: 200, HistoryEvents: 500, LockTimeoutMs: 100},
+	add(Cell{Scenario: backlog, Dispatchers: 8, Instances: 200, HistoryEvents: 500, LockTimeoutMs: 100},
 		[]Sample{sample(5, 300, 60), sample(6, 400, 50), sample(4, 350, 70)},
 		[]Sample{sample(100, 40, 0), sample(110, 50, 0), sample(90, 45, 0)}, nil)
 	add(Cell{Scenario: Hot, Dispatchers: 16, Instances: 1, HistoryEvents: 5000, LockTimeoutMs: 30},
 		[]Sample{sample(0, 900, 10), sample(0, 800, 12), sample(0.4, 700, 9)},
 		[]Sample{sample(20, 60, 0), sample(22, 70, 1), sample(21, 65, 0)}, nil)
-	add(Cell{Scenario: QueueOnly, Dispatchers: 1, Instances: 2000, LockTimeoutMs: 100},
+	add(Cell{Scenario: queueOnly, Dispatchers: 1, Instances: 2000, LockTimeoutMs: 100},
 		[]Sample{sample(400, 2, 0), sample(420, 2, 0), sample(410, 2, 0)},
 		[]Sample{sample(380, 2, 0), sample(390, 2, 0), sample(385, 2, 0)},
 		[]Sample{sample(900, 1, 0), sample(1000, 1, 0), sample(950, 1, 0)})
 	add(Cell{Scenario: Migrate},
 		[]Sample{{WallMs: fp(100)}, {WallMs: fp(110)}, {WallMs: fp(90)}},
 		[]Sample{{WallMs: fp(105)}, {WallMs: fp(115)}, {WallMs: fp(95)}}, nil)
-	r.Targets = EvaluateTargets(r)
+	r.Targets = evaluateTargets(r)
 	return r
 }
 
 func TestFiguresAndTargets(t *testing.T) {
 	r := synthetic()
-	b8 := r.Cell(Backlog, 8).Figure("cycles_per_s")
+	b8 := r.Cell(backlog, 8).Figure("cycles_per_s")
 	require.Equal(t, 5.0, *b8.Before)
 	require.Equal(t, 100.0, *b8.After)
 	require.InDelta(t, 20.0, *b8.Ratio, 1e-9)
-	require.Nil(t, r.Cell(Backlog, 8).Figure("wall_ms"), "a figure no side measured is left out")
-	require.Nil(t, r.Cell(Backlog, 8).Figure("empty_fetch_p99_ms"))
+	require.Nil(t, r.Cell(backlog, 8).Figure("wall_ms"), "a figure no side measured is left out")
+	require.Nil(t, r.Cell(backlog, 8).Figure("empty_fetch_p99_ms"))
 	hot := r.Cell(Hot, 16).Figure("cycles_per_s")
 	require.Equal(t, 0.0, *hot.Before)
 	require.Nil(t, hot.Ratio)
-	q := r.Cell(QueueOnly, 1).Figure("cycles_per_s")
+	q := r.Cell(queueOnly, 1).Figure("cycles_per_s")
 	require.Equal(t, 950.0, *q.Baseline)
 	require.InDelta(t, 385.0/950, *q.RatioToBaseline, 1e-9)
 	m := r.Cell(Migrate, 0).Figure("wall_ms")
@@ -176,7 +176,7 @@ func TestReportRendering(t *testing.T) {
 		fmt.Sprintf("wall time of Up 0 -> %d (before column) and 0 -> %d (after column)", bug, fix)} {
 		require.Contains(t, string(md), want)
 	}
-	svg, err := os.ReadFile(filepath.Join(dir, ThroughputFile))
+	svg, err := os.ReadFile(filepath.Join(dir, throughputFile))
 	require.NoError(t, err)
 	require.True(t, strings.HasPrefix(string(svg), "<svg"))
 	require.True(t, strings.HasSuffix(string(svg), "</svg>\n"))
@@ -223,7 +223,7 @@ func smokeConfig() Config {
 	return Config{
 		Rounds: 1, Duration: 100 * time.Millisecond,
 		// The runtime scenario has its own smoke run (TestRuntimeSmokeRun).
-		Scenarios:        slices.DeleteFunc(AllScenarios(), func(s string) bool { return s == Runtime }),
+		Scenarios:        slices.DeleteFunc(allScenarios(), func(s string) bool { return s == Runtime }),
 		BacklogInstances: 10, BacklogHistory: 20, BacklogDispatchers: []int{2},
 		HotHistory: 40, HotDispatchers: 2, HotLockTimeout: time.Second,
 		QueueInstances: 20, QueueDispatchers: []int{1},
@@ -271,7 +271,7 @@ func TestSmokeRun(t *testing.T) {
 		require.Greater(t, *c.Figure("cycles_per_s").After, 0.0, c.Name())
 		require.Equal(t, 0.0, *c.Figure("ack_failures").After, c.Name())
 	}
-	q := res.Cell(QueueOnly, 1).Figure("cycles_per_s")
+	q := res.Cell(queueOnly, 1).Figure("cycles_per_s")
 	require.NotNil(t, q.Baseline)
 	require.Greater(t, *q.Baseline, 0.0)
 	require.Len(t, res.Scale, 7, "spread K=10 and 100, idle, fan-in K=10 and 100, completed C=0 and 20")

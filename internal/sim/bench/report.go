@@ -17,7 +17,7 @@ import (
 // Files WriteReport writes.
 const (
 	ReportFile     = "report.md"
-	ThroughputFile = "throughput.svg"
+	throughputFile = "throughput.svg"
 	JSONFile       = "bench.json"
 )
 
@@ -64,9 +64,9 @@ func withUnit(v *float64, unit string) string {
 
 // figureHeader is the header of a table of figureRows.
 func figureHeader(withBaseline bool) []string {
-	header := []string{"cell", "figure", SideBefore, SideAfter, SideAfter + "/" + SideBefore}
+	header := []string{"cell", "figure", sideBefore, sideAfter, sideAfter + "/" + sideBefore}
 	if withBaseline {
-		header = append(header, SideBaseline, SideAfter+"/"+SideBaseline)
+		header = append(header, sideBaseline, sideAfter+"/"+sideBaseline)
 	}
 	return header
 }
@@ -117,7 +117,7 @@ func printRows(w io.Writer, header []string, rows [][]string) error {
 	return tw.Flush()
 }
 
-// writeMarkdownTable writes header and rows as a Markdown table.
+// writeMarkdownTable writes header and rows as a markdown table.
 func writeMarkdownTable(b *strings.Builder, header []string, rows [][]string) {
 	b.WriteString("| " + strings.Join(header, " | ") + " |\n|" + strings.Repeat("---|", len(header)) + "\n")
 	for _, row := range rows {
@@ -212,9 +212,9 @@ func secs(s float64) string {
 	return fmt.Sprintf("%.1f s", s)
 }
 
-// Markdown renders the report; plot is the file name of the throughput
+// markdown renders the report; plot is the file name of the throughput
 // plot ("" for none).
-func Markdown(r *Result, plot string) string {
+func markdown(r *Result, plot string) string {
 	var b strings.Builder
 	s := r.Settings
 	before, after := r.compared()
@@ -252,21 +252,21 @@ func Markdown(r *Result, plot string) string {
 		b.WriteString(runtimeMarkdown(r.Runtime, s.Rounds, s.RuntimeWait))
 		b.WriteString("## Per-fix comparisons\n\nEach scenario below compares the versions just before and with one fix of the pack, on the model of the runtime (package dispatch), not the real one.\n\n")
 	}
-	if plot != "" && r.Cell(Backlog, firstOr(s.BacklogDispatchers)) != nil {
+	if plot != "" && r.Cell(backlog, firstOr(s.BacklogDispatchers)) != nil {
 		fmt.Fprintf(&b, "## Backlog throughput against N\n\n![completed cycles/s against dispatchers, backlog](%s)\n\n", plot)
 	}
 	b.WriteString("## Figures\n\n")
 	desc := map[string]string{
-		Backlog: fmt.Sprintf("%d instances, one pending message and a %d-event history (~%d bytes per event) each, lock timeout %d ms; each ack enqueues the instance's next message.",
+		backlog: fmt.Sprintf("%d instances, one pending message and a %d-event history (~%d bytes per event) each, lock timeout %d ms; each ack enqueues the instance's next message.",
 			s.BacklogInstances, s.BacklogHistory, s.EventBytes, s.BacklogLockTimeoutMs),
 		Hot: fmt.Sprintf("one instance with a %d-event history that always has a message, %d dispatchers, lock timeout %d ms%s.",
 			s.HotHistory, s.HotDispatchers, s.HotLockTimeoutMs, hotCalibrationText(r)),
-		QueueOnly: fmt.Sprintf("%d instances without history, lock timeout %d ms; baseline: the bare single-statement dequeue (UPDATE ... WHERE id = (SELECT ... FOR UPDATE SKIP LOCKED LIMIT 1), DELETE + INSERT of the next message as the ack) on the same tables.",
+		queueOnly: fmt.Sprintf("%d instances without history, lock timeout %d ms; baseline: the bare single-statement dequeue (UPDATE ... WHERE id = (SELECT ... FOR UPDATE SKIP LOCKED LIMIT 1), DELETE + INSERT of the next message as the ack) on the same tables.",
 			s.QueueInstances, s.QueueLockTimeoutMs),
 		Migrate: fmt.Sprintf("wall time of Up 0 -> %d (%s column) and 0 -> %d (%s column), each on a fresh database.",
-			before, SideBefore, after, SideAfter),
+			before, sideBefore, after, sideAfter),
 	}
-	for _, sc := range AllScenarios() {
+	for _, sc := range allScenarios() {
 		var cells []Cell
 		for _, c := range r.Cells {
 			if c.Scenario == sc {
@@ -277,7 +277,7 @@ func Markdown(r *Result, plot string) string {
 			continue
 		}
 		fmt.Fprintf(&b, "### %s\n\n%s\n\n", sc, desc[sc])
-		header, rows := tableRows(cells, sc == QueueOnly)
+		header, rows := tableRows(cells, sc == queueOnly)
 		writeMarkdownTable(&b, header, rows)
 		b.WriteString("\n")
 	}
@@ -302,7 +302,7 @@ func Markdown(r *Result, plot string) string {
 			key = "wall_ms"
 		}
 		def := defByKey(dispatchFigures(), key)
-		for _, side := range []string{SideBefore, SideAfter, SideBaseline} {
+		for _, side := range []string{sideBefore, sideAfter, sideBaseline} {
 			var vals []string
 			for _, rs := range c.Rounds {
 				if rs.Side == side {
@@ -344,22 +344,22 @@ func WriteReport(dir string, r *Result) error {
 	}
 	var svg bytes.Buffer
 	plot := ""
-	if err := ThroughputSVG(&svg, r); err == nil {
-		plot = ThroughputFile
-		if err := os.WriteFile(filepath.Join(dir, ThroughputFile), svg.Bytes(), 0o644); err != nil {
+	if err := throughputSVG(&svg, r); err == nil {
+		plot = throughputFile
+		if err := os.WriteFile(filepath.Join(dir, throughputFile), svg.Bytes(), 0o644); err != nil {
 			return err
 		}
 	}
 	if len(scaleCurve(r.Scale)) > 0 {
 		var curve bytes.Buffer
-		if err := ScaleSVG(&curve, r); err != nil {
+		if err := scaleSVG(&curve, r); err != nil {
 			return err
 		}
 		if err := os.WriteFile(filepath.Join(dir, ScaleFile), curve.Bytes(), 0o644); err != nil {
 			return err
 		}
 	}
-	if err := os.WriteFile(filepath.Join(dir, ReportFile), []byte(Markdown(r, plot)), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, ReportFile), []byte(markdown(r, plot)), 0o644); err != nil {
 		return err
 	}
 	return WriteJSON(filepath.Join(dir, JSONFile), r)
@@ -374,10 +374,10 @@ func WriteJSON(path string, r *Result) error {
 	return os.WriteFile(path, append(b, '\n'), 0o644)
 }
 
-// ThroughputSVG draws completed cycles/s (median) against N for both
+// throughputSVG draws completed cycles/s (median) against N for both
 // versions of the backlog scenario: a hand-written SVG line plot, linear
 // axes, each point labelled with its value.
-func ThroughputSVG(w io.Writer, r *Result) error {
+func throughputSVG(w io.Writer, r *Result) error {
 	type pt struct {
 		n             int
 		before, after *float64
@@ -385,7 +385,7 @@ func ThroughputSVG(w io.Writer, r *Result) error {
 	var pts []pt
 	for i := range r.Cells {
 		c := &r.Cells[i]
-		if c.Scenario != Backlog {
+		if c.Scenario != backlog {
 			continue
 		}
 		if f := c.Figure("cycles_per_s"); f != nil {

@@ -33,14 +33,14 @@ const Runtime = "runtime"
 
 // The runtime scenario's sides.
 const (
-	RuntimeUpstream = "upstream"
-	RuntimePrevious = "previous"
-	RuntimeLatest   = "latest"
+	runtimeUpstream = "upstream"
+	runtimePrevious = "previous"
+	runtimeLatest   = "latest"
 )
 
-// RuntimeSides are the sides in the order the first round runs them (each
+// runtimeSides are the sides in the order the first round runs them (each
 // later round starts one further along).
-func RuntimeSides() []string { return []string{RuntimeUpstream, RuntimePrevious, RuntimeLatest} }
+func runtimeSides() []string { return []string{runtimeUpstream, runtimePrevious, runtimeLatest} }
 
 // RuntimeVersions are the pack versions of the previous and latest sides:
 // the fix before the pack's last one, and the pack's latest (read from
@@ -214,7 +214,7 @@ func runRuntime(ctx context.Context, dsn string, cfg Config, cpu *serverCPU, not
 		_ = conn.QueryRow(ctx, "SHOW pg_stat_statements.track").Scan(&track)
 		out.Statements = fmt.Sprintf("pg_stat_statements, track = %s, reset before each run", track)
 	}
-	sides := RuntimeSides()
+	sides := runtimeSides()
 	run := 0
 	for round := 1; round <= cfg.Rounds; round++ {
 		for ci := range out.Cells {
@@ -269,7 +269,7 @@ func nestedPasses(ctx context.Context, p *upstream.Provider, conn *pgx.Conn, dsn
 	}
 	defer func() { _ = set("DEFAULT") }()
 	var out []NestedPass
-	for _, side := range []string{RuntimeUpstream, RuntimeLatest} {
+	for _, side := range []string{runtimeUpstream, runtimeLatest} {
 		note(cfg.Rounds, fmt.Sprintf("%s %s, track = all", cell.Name(), side))
 		schema := "bench_rt_nested_" + side
 		if _, err := runtimeRun(ctx, p, conn, dsn, schema, side, cell, cfg, nil, true); err != nil {
@@ -313,9 +313,9 @@ func runtimeRun(ctx context.Context, p *upstream.Provider, conn *pgx.Conn, dsn, 
 	prev, latest := RuntimeVersions()
 	var err error
 	switch side {
-	case RuntimeUpstream:
+	case runtimeUpstream:
 		err = p.Migrate(ctx, dsn, schema)
-	case RuntimePrevious:
+	case runtimePrevious:
 		err = migrate.To(ctx, dsn, schema, prev)
 	default:
 		err = migrate.To(ctx, dsn, schema, latest)
@@ -433,7 +433,7 @@ func (c *RuntimeCell) computeFigures() {
 				fns[name] = g
 			}
 		}
-		c.PerSecond[side], c.CPUMsPerOrch[side], c.WallMs[side], c.CPUMsPerTurn[side] = Median(ps), Median(cpu), Median(wall), Median(turn)
+		c.PerSecond[side], c.CPUMsPerOrch[side], c.WallMs[side], c.CPUMsPerTurn[side] = median(ps), median(cpu), median(wall), median(turn)
 		if len(fns) > 0 {
 			c.Functions[side] = fns
 		}
@@ -457,7 +457,7 @@ func runtimeTargets(rb *RuntimeBench) []Target {
 	ratio := func(name, want string, c *RuntimeCell, fig map[string]*float64, num, den string, ok func(float64) bool) {
 		t := Target{Name: name, Want: want}
 		if c != nil {
-			if r := Ratio(fig[num], fig[den]); r != nil {
+			if r := ratio(fig[num], fig[den]); r != nil {
 				t.Measured, t.Met, t.Got = true, ok(*r), fmt.Sprintf("%.2fx", *r)
 			}
 			if t.Measured && !t.Met {
@@ -467,11 +467,11 @@ func runtimeTargets(rb *RuntimeBench) []Target {
 		out = append(out, t)
 	}
 	if c := find(16); c != nil {
-		ratio("runtime 16/16: orchestrations/s, latest against upstream", ">= 1.50x", c, c.PerSecond, RuntimeLatest, RuntimeUpstream, func(r float64) bool { return r >= 1.5 })
-		ratio("runtime 16/16: server CPU per orchestration, latest against upstream", "<= 0.60x", c, c.CPUMsPerOrch, RuntimeLatest, RuntimeUpstream, func(r float64) bool { return r <= 0.6 })
+		ratio("runtime 16/16: orchestrations/s, latest against upstream", ">= 1.50x", c, c.PerSecond, runtimeLatest, runtimeUpstream, func(r float64) bool { return r >= 1.5 })
+		ratio("runtime 16/16: server CPU per orchestration, latest against upstream", "<= 0.60x", c, c.CPUMsPerOrch, runtimeLatest, runtimeUpstream, func(r float64) bool { return r <= 0.6 })
 	}
 	if c := find(1); c != nil {
-		ratio("runtime 1/1: orchestrations/s, latest against upstream", ">= 1.00x", c, c.PerSecond, RuntimeLatest, RuntimeUpstream, func(r float64) bool { return r >= 1.0 })
+		ratio("runtime 1/1: orchestrations/s, latest against upstream", ">= 1.00x", c, c.PerSecond, runtimeLatest, runtimeUpstream, func(r float64) bool { return r >= 1.0 })
 	}
 	for i := range rb.Cells {
 		if rb.Cells[i].OneAtATime {
@@ -484,7 +484,7 @@ func runtimeTargets(rb *RuntimeBench) []Target {
 			continue
 		}
 		ratio(fmt.Sprintf("%s: orchestrations/s, latest (%04d) against previous (%04d)", c.Name(), rb.LatestVersion, rb.PreviousVersion), ">= 1.00x",
-			c, c.PerSecond, RuntimeLatest, RuntimePrevious, func(r float64) bool { return r >= 1.0 })
+			c, c.PerSecond, runtimeLatest, runtimePrevious, func(r float64) bool { return r >= 1.0 })
 	}
 	return out
 }
@@ -571,16 +571,16 @@ func uncontendedTargets(c *RuntimeCell, latest int64) []Target {
 		rounds[r.Side]++
 	}
 	var names []string
-	for n, l := range c.Functions[RuntimeLatest] {
-		u := c.Functions[RuntimeUpstream][n]
-		if u.Calls >= uncontendedMinCalls*rounds[RuntimeUpstream] && l.Calls >= uncontendedMinCalls*rounds[RuntimeLatest] {
+	for n, l := range c.Functions[runtimeLatest] {
+		u := c.Functions[runtimeUpstream][n]
+		if u.Calls >= uncontendedMinCalls*rounds[runtimeUpstream] && l.Calls >= uncontendedMinCalls*rounds[runtimeLatest] {
 			names = append(names, n)
 		}
 	}
 	sort.Strings(names)
 	var out []Target
 	for _, n := range names {
-		u, l := c.Functions[RuntimeUpstream][n].MeanMs(), c.Functions[RuntimeLatest][n].MeanMs()
+		u, l := c.Functions[runtimeUpstream][n].MeanMs(), c.Functions[runtimeLatest][n].MeanMs()
 		t := Target{Name: fmt.Sprintf("%s: %s mean per call, latest against upstream", c.Name(), n), Want: "<= 1.10x"}
 		if u > 0 {
 			r := l / u
@@ -606,7 +606,7 @@ func fmtFig(v *float64, format string) string {
 }
 
 func fmtRatio(num, den *float64) string {
-	if r := Ratio(num, den); r != nil {
+	if r := ratio(num, den); r != nil {
 		return fmt.Sprintf("%.2fx", *r)
 	}
 	return "n/a"
@@ -624,8 +624,8 @@ func runtimeHeadline(rb *RuntimeBench) (header []string, rows [][]string) {
 			if first {
 				name, first = c.Name(), false
 			}
-			rows = append(rows, []string{name, label, fmtFig(fig[RuntimeUpstream], format), fmtFig(fig[RuntimePrevious], format), fmtFig(fig[RuntimeLatest], format),
-				fmtRatio(fig[RuntimeLatest], fig[RuntimeUpstream]), fmtRatio(fig[RuntimeLatest], fig[RuntimePrevious])})
+			rows = append(rows, []string{name, label, fmtFig(fig[runtimeUpstream], format), fmtFig(fig[runtimePrevious], format), fmtFig(fig[runtimeLatest], format),
+				fmtRatio(fig[runtimeLatest], fig[runtimeUpstream]), fmtRatio(fig[runtimeLatest], fig[runtimePrevious])})
 		}
 		if c.FanIn > 0 {
 			add("wall time (ms)", "%.0f", c.WallMs)
@@ -655,12 +655,12 @@ func runtimeFunctionRows(c *RuntimeCell, rounds int) (header []string, rows [][]
 	}
 	// The biggest total first, on the upstream side (else the latest).
 	total := func(n string) float64 {
-		return c.Functions[RuntimeUpstream][n].TotalMs + c.Functions[RuntimeLatest][n].TotalMs
+		return c.Functions[runtimeUpstream][n].TotalMs + c.Functions[runtimeLatest][n].TotalMs
 	}
 	sort.Slice(sorted, func(i, j int) bool { return total(sorted[i]) > total(sorted[j]) })
 	per := float64(max(rounds, 1))
 	for _, n := range sorted {
-		u, p, l := c.Functions[RuntimeUpstream][n], c.Functions[RuntimePrevious][n], c.Functions[RuntimeLatest][n]
+		u, p, l := c.Functions[runtimeUpstream][n], c.Functions[runtimePrevious][n], c.Functions[runtimeLatest][n]
 		mean := func(f FunctionStat) *float64 {
 			if f.Calls == 0 {
 				return nil
@@ -709,7 +709,7 @@ func printRuntimeTable(w io.Writer, rb *RuntimeBench, rounds int) error {
 	return nil
 }
 
-// runtimeMarkdown renders the runtime scenario as a Markdown section.
+// runtimeMarkdown renders the runtime scenario as a markdown section.
 func runtimeMarkdown(rb *RuntimeBench, rounds int, wait time.Duration) string {
 	if rb == nil {
 		return ""

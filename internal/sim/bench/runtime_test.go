@@ -33,7 +33,7 @@ func TestRuntimeSmokeRun(t *testing.T) {
 	require.Less(t, prev, latest)
 	for _, c := range rb.Cells {
 		require.Len(t, c.Rounds, 3, "%s: every side once", c.Name())
-		for _, side := range RuntimeSides() {
+		for _, side := range runtimeSides() {
 			if c.FanIn == 0 {
 				require.NotNil(t, c.PerSecond[side], "%s %s", c.Name(), side)
 				require.Greater(t, *c.PerSecond[side], 0.0)
@@ -41,17 +41,17 @@ func TestRuntimeSmokeRun(t *testing.T) {
 			require.NotNil(t, c.WallMs[side])
 		}
 		for _, r := range c.Rounds {
-			if r.Side != RuntimeUpstream {
+			if r.Side != runtimeUpstream {
 				require.Zero(t, r.Sample.LeaseLines, "%s %s: no line of the lease kind on the pack", c.Name(), r.Side)
 			}
 		}
 	}
 	require.Contains(t, rb.Statements, "pg_stat_statements", "the test server loads it")
-	for _, side := range RuntimeSides() {
+	for _, side := range runtimeSides() {
 		require.Equal(t, int64(3), rb.Cells[0].Functions[side]["enqueue_orchestrator_work"].Calls, "%s: the uncontended cell started its three", side)
 	}
 	load := rb.Cells[1]
-	for _, side := range RuntimeSides() {
+	for _, side := range runtimeSides() {
 		f := load.Functions[side]["fetch_orchestration_item"]
 		require.Positive(t, f.Calls, side)
 		require.Equal(t, int64(10), load.Functions[side]["enqueue_orchestrator_work"].Calls, "%s: one start per orchestration", side)
@@ -67,7 +67,7 @@ func TestRuntimeSmokeRun(t *testing.T) {
 	var out bytes.Buffer
 	require.NoError(t, PrintTable(&out, &res))
 	require.Contains(t, out.String(), "fetch_orchestration_item")
-	md := Markdown(&res, "")
+	md := markdown(&res, "")
 	require.Contains(t, md, "## The real runtime")
 	require.Contains(t, md, "track = all")
 	require.True(t, strings.HasPrefix(md, "# Benchmark: what duroxide-pg users run today"), "the runtime comparison is the headline")
@@ -76,10 +76,10 @@ func TestRuntimeSmokeRun(t *testing.T) {
 func TestRuntimeTargetsReportEachRatio(t *testing.T) {
 	rb := &RuntimeBench{PreviousVersion: 26, LatestVersion: 27, Cells: []RuntimeCell{
 		{OrchestrationConcurrency: 1, WorkerConcurrency: 1, Orchestrations: 10,
-			PerSecond: map[string]*float64{RuntimeUpstream: fp(10), RuntimePrevious: fp(12), RuntimeLatest: fp(11)}},
+			PerSecond: map[string]*float64{runtimeUpstream: fp(10), runtimePrevious: fp(12), runtimeLatest: fp(11)}},
 		{OrchestrationConcurrency: 16, WorkerConcurrency: 16, Orchestrations: 10,
-			PerSecond:    map[string]*float64{RuntimeUpstream: fp(10), RuntimePrevious: fp(14), RuntimeLatest: fp(16)},
-			CPUMsPerOrch: map[string]*float64{RuntimeUpstream: fp(30), RuntimeLatest: fp(20)}},
+			PerSecond:    map[string]*float64{runtimeUpstream: fp(10), runtimePrevious: fp(14), runtimeLatest: fp(16)},
+			CPUMsPerOrch: map[string]*float64{runtimeUpstream: fp(30), runtimeLatest: fp(20)}},
 	}}
 	got := map[string]bool{}
 	for _, tg := range runtimeTargets(rb) {
@@ -105,13 +105,13 @@ func TestUncontendedTargetsJudgeEveryFunctionAndNameTheFixThatIntendsAMiss(t *te
 		return out
 	}
 	c := &RuntimeCell{OrchestrationConcurrency: 1, WorkerConcurrency: 1, Orchestrations: 60, OneAtATime: true,
-		Rounds: []Round[RuntimeSample]{{Side: RuntimeUpstream}, {Side: RuntimeLatest}},
+		Rounds: []Round[RuntimeSample]{{Side: runtimeUpstream}, {Side: runtimeLatest}},
 		Functions: map[string]map[string]FunctionStat{
-			RuntimeUpstream: fns(map[string]float64{"fetch_history": 0.10, "ack_worker": 0.20, "get_custom_status": 0.10, "fetch_orchestration_item": 0.5}, 100),
-			RuntimeLatest:   fns(map[string]float64{"fetch_history": 0.105, "ack_worker": 0.40, "get_custom_status": 0.13, "fetch_orchestration_item": 0.7}, 100),
+			runtimeUpstream: fns(map[string]float64{"fetch_history": 0.10, "ack_worker": 0.20, "get_custom_status": 0.10, "fetch_orchestration_item": 0.5}, 100),
+			runtimeLatest:   fns(map[string]float64{"fetch_history": 0.105, "ack_worker": 0.40, "get_custom_status": 0.13, "fetch_orchestration_item": 0.7}, 100),
 		}}
-	c.Functions[RuntimeUpstream]["get_queue_depths"] = FunctionStat{Calls: 1, TotalMs: 1}
-	c.Functions[RuntimeLatest]["get_queue_depths"] = FunctionStat{Calls: 1, TotalMs: 5}
+	c.Functions[runtimeUpstream]["get_queue_depths"] = FunctionStat{Calls: 1, TotalMs: 1}
+	c.Functions[runtimeLatest]["get_queue_depths"] = FunctionStat{Calls: 1, TotalMs: 5}
 	got := map[string]Target{}
 	for _, tg := range uncontendedTargets(c, 27) {
 		got[strings.TrimPrefix(strings.TrimSuffix(tg.Name, " mean per call, latest against upstream"), "runtime 1/1 x60 one at a time: ")] = tg
@@ -129,12 +129,12 @@ func TestUncontendedTargetsJudgeEveryFunctionAndNameTheFixThatIntendsAMiss(t *te
 func TestARuntimeMissSaysWhereTheTimeWent(t *testing.T) {
 	sample := func(cpuS, wallMs float64) RuntimeSample { return RuntimeSample{ServerCPUS: fp(cpuS), WallMs: wallMs} }
 	c := &RuntimeCell{OrchestrationConcurrency: 16, WorkerConcurrency: 16, Orchestrations: 400,
-		Rounds: []Round[RuntimeSample]{{Side: RuntimeUpstream, Sample: sample(8, 10000)}, {Side: RuntimeLatest, Sample: sample(3, 6000)}},
+		Rounds: []Round[RuntimeSample]{{Side: runtimeUpstream, Sample: sample(8, 10000)}, {Side: runtimeLatest, Sample: sample(3, 6000)}},
 		Functions: map[string]map[string]FunctionStat{
-			RuntimeUpstream: {"fetch_orchestration_item": {Calls: 900, TotalMs: 9000}, "ack_worker": {Calls: 1200, TotalMs: 200}},
-			RuntimeLatest:   {"fetch_orchestration_item": {Calls: 900, TotalMs: 1000}, "ack_worker": {Calls: 1200, TotalMs: 500}, "fetch_work_item": {Calls: 10, TotalMs: 50}},
+			runtimeUpstream: {"fetch_orchestration_item": {Calls: 900, TotalMs: 9000}, "ack_worker": {Calls: 1200, TotalMs: 200}},
+			runtimeLatest:   {"fetch_orchestration_item": {Calls: 900, TotalMs: 1000}, "ack_worker": {Calls: 1200, TotalMs: 500}, "fetch_work_item": {Calls: 10, TotalMs: 50}},
 		}}
-	got := c.missReason(RuntimeLatest, RuntimeUpstream, 1)
+	got := c.missReason(runtimeLatest, runtimeUpstream, 1)
 	require.Equal(t, "server CPU-seconds per second of run: 0.50 at latest, 0.80 at upstream; "+
 		"ms/run latest against upstream: ack_worker +300, fetch_work_item +50; fetch_orchestration_item -8000", got)
 }

@@ -36,15 +36,15 @@ import (
 
 // Kinds of scale cells (also the JSON values).
 const (
-	ScaleBlockedKind   = "blocked"
-	ScaleIdleKind      = "idle"
-	ScaleCompletedKind = "completed"
+	scaleBlockedKind   = "blocked"
+	scaleIdleKind      = "idle"
+	scaleCompletedKind = "completed"
 )
 
 // Seedings of the blocked messages (also the JSON values).
 const (
-	SeedSpread = "spread"
-	SeedFanIn  = "fan_in"
+	seedSpread = "spread"
+	seedFanIn  = "fan_in"
 )
 
 // ScaleVersions are the versions the scale scenario compares: the version
@@ -86,16 +86,16 @@ type ScaleCell struct {
 	// SeededBlocked counts, per side, the messages seeding left unclaimed,
 	// visible and behind a live lease (should be Blocked).
 	SeededBlocked map[string]int `json:"seeded_blocked"`
-	Comparison[ScaleSample]
+	Comparison[scaleSample]
 }
 
 // Name is the cell's short name ("spread K=10k", "idle N=32 K=100k",
 // "completed C=10k").
 func (c *ScaleCell) Name() string {
 	switch c.Kind {
-	case ScaleIdleKind:
+	case scaleIdleKind:
 		return fmt.Sprintf("idle N=%d K=%s", c.Dispatchers, count(c.Blocked))
-	case ScaleCompletedKind:
+	case scaleCompletedKind:
 		return "completed C=" + count(c.Completed)
 	}
 	return fmt.Sprintf("%s K=%s", c.Seeding, count(c.Blocked))
@@ -130,33 +130,33 @@ func ascending(ns []int) []int {
 // the idle cell (over the largest spread K, whose seeding it reuses),
 // fan-in K ascending, completed C ascending; no round run yet.
 func scaleCells(cfg Config, before, after int64) []ScaleCell {
-	cmp := func() Comparison[ScaleSample] {
-		return Comparison[ScaleSample]{BeforeVersion: before, AfterVersion: after}
+	cmp := func() Comparison[scaleSample] {
+		return Comparison[scaleSample]{BeforeVersion: before, AfterVersion: after}
 	}
 	blocked := func(seeding string, k int) ScaleCell {
 		leased := 1
-		if seeding == SeedSpread {
+		if seeding == seedSpread {
 			leased = min(cfg.ScaleSpreadInstances, max(k, 1))
 		}
-		return ScaleCell{Kind: ScaleBlockedKind, Seeding: seeding, Blocked: k, LeasedInstances: leased,
+		return ScaleCell{Kind: scaleBlockedKind, Seeding: seeding, Blocked: k, LeasedInstances: leased,
 			Claimable: cfg.ScaleClaimable, Calls: cfg.ScaleCalls, Comparison: cmp()}
 	}
 	var out []ScaleCell
 	ks := ascending(cfg.ScaleBlocked)
 	for _, k := range ks {
-		out = append(out, blocked(SeedSpread, k))
+		out = append(out, blocked(seedSpread, k))
 	}
 	if len(ks) > 0 && cfg.ScaleIdleDispatchers > 0 {
-		idle := blocked(SeedSpread, ks[len(ks)-1])
-		idle.Kind, idle.Calls, idle.Claimable = ScaleIdleKind, 0, 0
+		idle := blocked(seedSpread, ks[len(ks)-1])
+		idle.Kind, idle.Calls, idle.Claimable = scaleIdleKind, 0, 0
 		idle.Dispatchers, idle.PollIntervalMs, idle.DurationS = cfg.ScaleIdleDispatchers, cfg.PollInterval.Milliseconds(), cfg.ScaleIdleDuration.Seconds()
 		out = append(out, idle)
 	}
 	for _, k := range ks {
-		out = append(out, blocked(SeedFanIn, k))
+		out = append(out, blocked(seedFanIn, k))
 	}
 	for _, c := range ascending(cfg.ScaleCompleted) {
-		out = append(out, ScaleCell{Kind: ScaleCompletedKind, Completed: c, CompletedHistory: cfg.ScaleCompletedHistory,
+		out = append(out, ScaleCell{Kind: scaleCompletedKind, Completed: c, CompletedHistory: cfg.ScaleCompletedHistory,
 			LargeHistory: cfg.ScaleLargeHistory, EventBytes: cfg.EventBytes, Claimable: 1, Calls: cfg.ScaleCalls, Comparison: cmp()})
 	}
 	return out
@@ -185,8 +185,8 @@ func (c Config) validateScale() error {
 // cell before it) and runs its rounds, before then after in each.
 func runScale(ctx context.Context, dsn string, cfg Config, cpu *serverCPU, note func(round int, label string)) ([]ScaleCell, error) {
 	before, after := ScaleVersions()
-	schemas := map[string]string{SideBefore: "bench_scale_before", SideAfter: "bench_scale_after"}
-	for side, v := range map[string]int64{SideBefore: before, SideAfter: after} {
+	schemas := map[string]string{sideBefore: "bench_scale_before", sideAfter: "bench_scale_after"}
+	for side, v := range map[string]int64{sideBefore: before, sideAfter: after} {
 		if err := migrateSchema(ctx, dsn, schemas[side], v); err != nil {
 			return nil, err
 		}
@@ -195,9 +195,9 @@ func runScale(ctx context.Context, dsn string, cfg Config, cpu *serverCPU, note 
 	var seeded map[string]int
 	for i := range cells {
 		c := &cells[i]
-		if c.Kind != ScaleIdleKind {
+		if c.Kind != scaleIdleKind {
 			seeded = map[string]int{}
-			for _, side := range []string{SideBefore, SideAfter} {
+			for _, side := range []string{sideBefore, sideAfter} {
 				n, err := seedScale(ctx, dsn, schemas[side], shapeOf(c))
 				if err != nil {
 					return nil, fmt.Errorf("bench: %s: %w", c.Name(), err)
@@ -207,7 +207,7 @@ func runScale(ctx context.Context, dsn string, cfg Config, cpu *serverCPU, note 
 		}
 		c.SeededBlocked = seeded
 		for round := 1; round <= cfg.Rounds; round++ {
-			err := c.runRound(round, "scale "+c.Name(), note, func(side string) (ScaleSample, error) {
+			err := c.runRound(round, "scale "+c.Name(), note, func(side string) (scaleSample, error) {
 				return measureScale(ctx, dsn, schemas[side], c, cfg, cpu)
 			})
 			if err != nil {

@@ -24,7 +24,7 @@ const scaleAckMetadata = `{"orchestration_name":null,"orchestration_version":nul
 // enqueueing the instance's next message (so the next fetch finds one).
 // It records the fetch (early, steady), the ack and the whole cycle
 // (steady) and the server CPU per cycle, then takes the message out again.
-func cycles(ctx context.Context, dsn, schema string, calls int, cpu *serverCPU, s *ScaleSample) error {
+func cycles(ctx context.Context, dsn, schema string, calls int, cpu *serverCPU, s *scaleSample) error {
 	admin, err := connect(ctx, dsn, "cycle setup")
 	if err != nil {
 		return err

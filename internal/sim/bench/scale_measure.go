@@ -16,17 +16,17 @@ import (
 const scaleLockTimeoutMs = 30000
 
 // measureScale runs one side of one round of cell c on schema.
-func measureScale(ctx context.Context, dsn, schema string, c *ScaleCell, cfg Config, cpu *serverCPU) (ScaleSample, error) {
-	var s ScaleSample
+func measureScale(ctx context.Context, dsn, schema string, c *ScaleCell, cfg Config, cpu *serverCPU) (scaleSample, error) {
+	var s scaleSample
 	switch c.Kind {
-	case ScaleIdleKind:
+	case scaleIdleKind:
 		return s, idlePolls(ctx, dsn, schema, c, cpu, &s)
-	case ScaleBlockedKind:
+	case scaleBlockedKind:
 		if err := emptyFetches(ctx, dsn, schema, c.Calls, cpu, &s); err != nil {
 			return s, err
 		}
 		return s, rowFetches(ctx, dsn, schema, c.Calls, c.Claimable, &s)
-	case ScaleCompletedKind:
+	case scaleCompletedKind:
 		if err := emptyFetches(ctx, dsn, schema, c.Calls, cpu, &s); err != nil {
 			return s, err
 		}
@@ -63,7 +63,7 @@ func fetchNow(ctx context.Context, q orch.Querier, c orch.Client) (*orch.Item, i
 // poll, and records their early and steady latency and the server CPU per
 // call. A call that returns a row after all is counted and its lease
 // handed back, so that the next call sees the same queue.
-func emptyFetches(ctx context.Context, dsn, schema string, calls int, cpu *serverCPU, s *ScaleSample) error {
+func emptyFetches(ctx context.Context, dsn, schema string, calls int, cpu *serverCPU, s *scaleSample) error {
 	conn, err := connect(ctx, dsn, "empty fetches")
 	if err != nil {
 		return err
@@ -96,7 +96,7 @@ func emptyFetches(ctx context.Context, dsn, schema string, calls int, cpu *serve
 // rowFetches queues one message for each of claimable ready instances
 // behind the blocked ones and times calls one-row fetches
 // (rolledBackFetches).
-func rowFetches(ctx context.Context, dsn, schema string, calls, claimable int, s *ScaleSample) error {
+func rowFetches(ctx context.Context, dsn, schema string, calls, claimable int, s *scaleSample) error {
 	lat, rows, err := rolledBackFetches(ctx, dsn, schema, calls, "one-row fetch", func(ctx context.Context, admin *pgx.Conn) error {
 		return readyMessages(ctx, admin, schema, claimable)
 	})
@@ -108,7 +108,7 @@ func rowFetches(ctx context.Context, dsn, schema string, calls, claimable int, s
 // largeFetches queues a message for the large-history instance and times
 // calls fetches of it (rolledBackFetches): against the cycle's fetch of a
 // small instance, the cost of loading a history.
-func largeFetches(ctx context.Context, dsn, schema string, calls int, s *ScaleSample) error {
+func largeFetches(ctx context.Context, dsn, schema string, calls int, s *scaleSample) error {
 	lat, rows, err := rolledBackFetches(ctx, dsn, schema, calls, "large-history fetch", func(ctx context.Context, admin *pgx.Conn) error {
 		return bigMessage(ctx, admin, schema)
 	})
@@ -166,7 +166,7 @@ func rolledBackFetches(ctx context.Context, dsn, schema string, calls int, what 
 // It records the server CPU per second of run, the polls completed per
 // second and their median latency. Calls still running at the end are
 // cancelled.
-func idlePolls(ctx context.Context, dsn, schema string, c *ScaleCell, cpu *serverCPU, s *ScaleSample) error {
+func idlePolls(ctx context.Context, dsn, schema string, c *ScaleCell, cpu *serverCPU, s *scaleSample) error {
 	conns := make([]*pgx.Conn, c.Dispatchers)
 	closeAll := func() {
 		for i, conn := range conns {

@@ -24,16 +24,16 @@ type curvePoint struct {
 // the medians of the blocked cells.
 func scaleCurve(cells []ScaleCell) []curveSeries {
 	colors := map[string]map[string]string{
-		SeedSpread: {SideBefore: "#d62728", SideAfter: "#1f77b4"},
-		SeedFanIn:  {SideBefore: "#ff7f0e", SideAfter: "#2ca02c"},
+		seedSpread: {sideBefore: "#d62728", sideAfter: "#1f77b4"},
+		seedFanIn:  {sideBefore: "#ff7f0e", sideAfter: "#2ca02c"},
 	}
 	var out []curveSeries
-	for _, seeding := range []string{SeedSpread, SeedFanIn} {
+	for _, seeding := range []string{seedSpread, seedFanIn} {
 		bc := blockedCells(cells, seeding)
 		if len(bc) == 0 {
 			continue
 		}
-		for _, side := range []string{SideBefore, SideAfter} {
+		for _, side := range []string{sideBefore, sideAfter} {
 			for _, call := range []struct{ name, key, dash string }{{"one-row", "row_fetch_steady_ms", ""}, {"empty", "empty_fetch_steady_ms", "6,4"}} {
 				s := curveSeries{name: fmt.Sprintf("%s, %s (schema %d), %s", seeding, side, bc[0].Version(side), call.name),
 					color: colors[seeding][side], dash: call.dash}
@@ -54,16 +54,16 @@ func scaleCurve(cells []ScaleCell) []curveSeries {
 }
 
 func sideOf(f *Figure, side string) *float64 {
-	if side == SideBefore {
+	if side == sideBefore {
 		return f.Before
 	}
 	return f.After
 }
 
-// ScaleSVG draws the K curve: steady fetch latency (median over the
+// scaleSVG draws the K curve: steady fetch latency (median over the
 // rounds) against K, log-log, for each seeding and side, one-row solid
-// and empty dashed; a hand-written SVG like ThroughputSVG.
-func ScaleSVG(w io.Writer, r *Result) error {
+// and empty dashed; a hand-written SVG like throughputSVG.
+func scaleSVG(w io.Writer, r *Result) error {
 	series := scaleCurve(r.Scale)
 	if len(series) == 0 {
 		return fmt.Errorf("bench: no scale figures to plot")

@@ -34,7 +34,7 @@ func printScaleTable(w io.Writer, cells []ScaleCell) error {
 	return printRows(w, header, rows)
 }
 
-// scaleMarkdown renders the scale cells as a Markdown section, with the K
+// scaleMarkdown renders the scale cells as a markdown section, with the K
 // curve when there is one (plot: its file name).
 func scaleMarkdown(cells []ScaleCell, s Settings, plot string) string {
 	if len(cells) == 0 {

@@ -17,10 +17,10 @@ const (
 	steadyFirstCall = 7
 )
 
-// ScaleSample is what one scale cell run (one side, one round) measured.
+// scaleSample is what one scale cell run (one side, one round) measured.
 // Nil figures were not measured (not a figure of this kind of cell, no CPU
 // reading on this backend).
-type ScaleSample struct {
+type scaleSample struct {
 	// EmptyCalls empty fetches were made (nothing claimable), of which
 	// EmptyRowsReturned returned a row (should be 0); RowCalls one-row
 	// fetches (claimable instances behind the blocked ones), of which
@@ -70,24 +70,24 @@ type ScaleSample struct {
 
 // scaleFigures are the figures of the scale cells, in report order (a
 // cell shows those some side measured).
-func scaleFigures() []figureDef[ScaleSample] {
-	return []figureDef[ScaleSample]{
-		{"empty_fetch_early_ms", "empty fetch, early (calls 2-5)", "ms", func(s *ScaleSample) *float64 { return s.EmptyEarlyMs }},
-		{"empty_fetch_steady_ms", "empty fetch, steady (calls 7+)", "ms", func(s *ScaleSample) *float64 { return s.EmptySteadyMs }},
-		{"row_fetch_early_ms", "one-row fetch, early", "ms", func(s *ScaleSample) *float64 { return s.RowEarlyMs }},
-		{"row_fetch_steady_ms", "one-row fetch, steady", "ms", func(s *ScaleSample) *float64 { return s.RowSteadyMs }},
-		{"server_cpu_ms_per_poll", "server CPU per empty poll", "ms", func(s *ScaleSample) *float64 { return s.CPUMsPerPoll }},
-		{"cycle_fetch_early_ms", "cycle: fetch, early", "ms", func(s *ScaleSample) *float64 { return s.CycleFetchEarlyMs }},
-		{"cycle_fetch_steady_ms", "cycle: fetch, steady", "ms", func(s *ScaleSample) *float64 { return s.CycleFetchSteadyMs }},
-		{"cycle_ack_steady_ms", "cycle: ack, steady", "ms", func(s *ScaleSample) *float64 { return s.CycleAckSteadyMs }},
-		{"cycle_steady_ms", "cycle: fetch+ack, steady", "ms", func(s *ScaleSample) *float64 { return s.CycleSteadyMs }},
-		{"server_cpu_ms_per_cycle", "server CPU per cycle", "ms", func(s *ScaleSample) *float64 { return s.CPUMsPerCycle }},
-		{"large_history_fetch_early_ms", "large-history fetch, early", "ms", func(s *ScaleSample) *float64 { return s.LargeEarlyMs }},
-		{"large_history_fetch_steady_ms", "large-history fetch, steady", "ms", func(s *ScaleSample) *float64 { return s.LargeSteadyMs }},
-		{"polls_per_s", "polls completed/s", "1/s", func(s *ScaleSample) *float64 { return s.PollsPerS }},
-		{"poll_p50_ms", "poll latency p50", "ms", func(s *ScaleSample) *float64 { return s.PollP50Ms }},
-		{"server_cpu_s_per_s", "server CPU per second", "s/s", func(s *ScaleSample) *float64 { return s.CPUSPerS }},
-		{"server_cpu_ms_per_idle_poll", "server CPU per completed poll", "ms", func(s *ScaleSample) *float64 { return s.CPUMsPerIdlePoll }},
+func scaleFigures() []figureDef[scaleSample] {
+	return []figureDef[scaleSample]{
+		{"empty_fetch_early_ms", "empty fetch, early (calls 2-5)", "ms", func(s *scaleSample) *float64 { return s.EmptyEarlyMs }},
+		{"empty_fetch_steady_ms", "empty fetch, steady (calls 7+)", "ms", func(s *scaleSample) *float64 { return s.EmptySteadyMs }},
+		{"row_fetch_early_ms", "one-row fetch, early", "ms", func(s *scaleSample) *float64 { return s.RowEarlyMs }},
+		{"row_fetch_steady_ms", "one-row fetch, steady", "ms", func(s *scaleSample) *float64 { return s.RowSteadyMs }},
+		{"server_cpu_ms_per_poll", "server CPU per empty poll", "ms", func(s *scaleSample) *float64 { return s.CPUMsPerPoll }},
+		{"cycle_fetch_early_ms", "cycle: fetch, early", "ms", func(s *scaleSample) *float64 { return s.CycleFetchEarlyMs }},
+		{"cycle_fetch_steady_ms", "cycle: fetch, steady", "ms", func(s *scaleSample) *float64 { return s.CycleFetchSteadyMs }},
+		{"cycle_ack_steady_ms", "cycle: ack, steady", "ms", func(s *scaleSample) *float64 { return s.CycleAckSteadyMs }},
+		{"cycle_steady_ms", "cycle: fetch+ack, steady", "ms", func(s *scaleSample) *float64 { return s.CycleSteadyMs }},
+		{"server_cpu_ms_per_cycle", "server CPU per cycle", "ms", func(s *scaleSample) *float64 { return s.CPUMsPerCycle }},
+		{"large_history_fetch_early_ms", "large-history fetch, early", "ms", func(s *scaleSample) *float64 { return s.LargeEarlyMs }},
+		{"large_history_fetch_steady_ms", "large-history fetch, steady", "ms", func(s *scaleSample) *float64 { return s.LargeSteadyMs }},
+		{"polls_per_s", "polls completed/s", "1/s", func(s *scaleSample) *float64 { return s.PollsPerS }},
+		{"poll_p50_ms", "poll latency p50", "ms", func(s *scaleSample) *float64 { return s.PollP50Ms }},
+		{"server_cpu_s_per_s", "server CPU per second", "s/s", func(s *scaleSample) *float64 { return s.CPUSPerS }},
+		{"server_cpu_ms_per_idle_poll", "server CPU per completed poll", "ms", func(s *scaleSample) *float64 { return s.CPUMsPerIdlePoll }},
 	}
 }
 

@@ -29,7 +29,7 @@ func scaleTargets(r *Result) []Target {
 		return nil
 	}
 	var out []Target
-	for _, seeding := range []string{SeedSpread, SeedFanIn} {
+	for _, seeding := range []string{seedSpread, seedFanIn} {
 		cells := blockedCells(r.Scale, seeding)
 		if len(cells) < 2 {
 			continue
@@ -49,7 +49,7 @@ func scaleTargets(r *Result) []Target {
 			out = append(out, t)
 		}
 	}
-	for _, seeding := range []string{SeedSpread, SeedFanIn} {
+	for _, seeding := range []string{seedSpread, seedFanIn} {
 		for _, c := range blockedCells(r.Scale, seeding) {
 			out = append(out, notSlowerTarget(c))
 		}
@@ -72,7 +72,7 @@ func scaleTargets(r *Result) []Target {
 func blockedCells(cells []ScaleCell, seeding string) []*ScaleCell {
 	var out []*ScaleCell
 	for i := range cells {
-		if cells[i].Kind == ScaleBlockedKind && cells[i].Seeding == seeding {
+		if cells[i].Kind == scaleBlockedKind && cells[i].Seeding == seeding {
 			out = append(out, &cells[i])
 		}
 	}
@@ -84,7 +84,7 @@ func blockedCells(cells []ScaleCell, seeding string) []*ScaleCell {
 func completedCells(cells []ScaleCell) []*ScaleCell {
 	var out []*ScaleCell
 	for i := range cells {
-		if cells[i].Kind == ScaleCompletedKind {
+		if cells[i].Kind == scaleCompletedKind {
 			out = append(out, &cells[i])
 		}
 	}
@@ -105,7 +105,7 @@ func growthTarget(t *Target, lo, hi *ScaleCell, bound float64, keys []string) fl
 		if fl == nil || fh == nil || fl.After == nil || fh.After == nil {
 			continue
 		}
-		ratio := Ratio(fh.After, fl.After)
+		ratio := ratio(fh.After, fl.After)
 		got = append(got, fmt.Sprintf("%s %s (%s vs %s ms)", labelIn(defs, key), ratioText(ratio, fh.After, fl.After), num(fh.After), num(fl.After)))
 		t.Measured = true
 		if ratio == nil {

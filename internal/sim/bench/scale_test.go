@@ -67,26 +67,26 @@ func TestPhasesSplitCustomPlanCallsFromSteadyOnes(t *testing.T) {
 func scaleSynthetic() *Result {
 	r := &Result{Settings: settingsOf(Defaults())}
 	before, after := ScaleVersions()
-	add := func(c ScaleCell, b, a ScaleSample) {
+	add := func(c ScaleCell, b, a scaleSample) {
 		c.BeforeVersion, c.AfterVersion = before, after
-		c.Rounds = []Round[ScaleSample]{{Round: 1, Side: SideBefore, Sample: b}, {Round: 1, Side: SideAfter, Sample: a}}
+		c.Rounds = []Round[scaleSample]{{Round: 1, Side: sideBefore, Sample: b}, {Round: 1, Side: sideAfter, Sample: a}}
 		c.computeFigures(scaleFigures())
 		r.Scale = append(r.Scale, c)
 	}
-	fetch := func(empty, row float64) ScaleSample {
-		return ScaleSample{EmptyEarlyMs: fp(empty), EmptySteadyMs: fp(empty), RowEarlyMs: fp(row), RowSteadyMs: fp(row)}
+	fetch := func(empty, row float64) scaleSample {
+		return scaleSample{EmptyEarlyMs: fp(empty), EmptySteadyMs: fp(empty), RowEarlyMs: fp(row), RowSteadyMs: fp(row)}
 	}
-	add(ScaleCell{Kind: ScaleBlockedKind, Seeding: SeedSpread, Blocked: 1000}, fetch(1, 2), fetch(1, 2))
-	add(ScaleCell{Kind: ScaleBlockedKind, Seeding: SeedSpread, Blocked: 100000}, fetch(700, 650), fetch(300, 290))
-	add(ScaleCell{Kind: ScaleBlockedKind, Seeding: SeedFanIn, Blocked: 1000}, fetch(1, 2), fetch(0.5, 1))
-	add(ScaleCell{Kind: ScaleBlockedKind, Seeding: SeedFanIn, Blocked: 100000}, fetch(30, 40), fetch(0.6, 1.5))
-	cycle := func(f, a float64) ScaleSample {
-		return ScaleSample{CycleFetchEarlyMs: fp(f), CycleFetchSteadyMs: fp(f), CycleAckSteadyMs: fp(a), CycleSteadyMs: fp(f + a),
+	add(ScaleCell{Kind: scaleBlockedKind, Seeding: seedSpread, Blocked: 1000}, fetch(1, 2), fetch(1, 2))
+	add(ScaleCell{Kind: scaleBlockedKind, Seeding: seedSpread, Blocked: 100000}, fetch(700, 650), fetch(300, 290))
+	add(ScaleCell{Kind: scaleBlockedKind, Seeding: seedFanIn, Blocked: 1000}, fetch(1, 2), fetch(0.5, 1))
+	add(ScaleCell{Kind: scaleBlockedKind, Seeding: seedFanIn, Blocked: 100000}, fetch(30, 40), fetch(0.6, 1.5))
+	cycle := func(f, a float64) scaleSample {
+		return scaleSample{CycleFetchEarlyMs: fp(f), CycleFetchSteadyMs: fp(f), CycleAckSteadyMs: fp(a), CycleSteadyMs: fp(f + a),
 			EmptyEarlyMs: fp(0.2), EmptySteadyMs: fp(0.2)}
 	}
-	add(ScaleCell{Kind: ScaleCompletedKind, Completed: 0}, cycle(1, 0.5), cycle(1, 0.5))
-	add(ScaleCell{Kind: ScaleCompletedKind, Completed: 100000}, cycle(1.1, 0.5), cycle(12, 0.5))
-	r.Targets = EvaluateTargets(r)
+	add(ScaleCell{Kind: scaleCompletedKind, Completed: 0}, cycle(1, 0.5), cycle(1, 0.5))
+	add(ScaleCell{Kind: scaleCompletedKind, Completed: 100000}, cycle(1.1, 0.5), cycle(12, 0.5))
+	r.Targets = evaluateTargets(r)
 	return r
 }
 
@@ -117,9 +117,9 @@ func TestScaleTargetsAreMarkedWithTheirReasons(t *testing.T) {
 	}
 
 	var svg bytes.Buffer
-	require.NoError(t, ScaleSVG(&svg, r))
+	require.NoError(t, scaleSVG(&svg, r))
 	require.Equal(t, 8, strings.Count(svg.String(), "<polyline"), "one-row and empty, before and after, both seedings")
-	md := Markdown(r, "")
+	md := markdown(r, "")
 	require.Contains(t, md, "### scale")
 	require.Contains(t, md, "](scale.svg)")
 	require.Contains(t, md, "| spread K=100k | empty fetch, early (calls 2-5) | 700 ms | 300 ms | 0.43x |")
@@ -178,7 +178,7 @@ func TestScaleSeedingMatchesTheRuntimesShapes(t *testing.T) {
 // scaleConfig is the scale scenario alone at tiny sizes.
 func scaleConfig() Config {
 	c := smokeConfig()
-	c.Scenarios = []string{Scale}
+	c.Scenarios = []string{scale}
 	c.ScaleBlocked = []int{10, 100, 1000}
 	return c
 }
@@ -197,8 +197,8 @@ func TestScaleRunProducesEveryFigureAndTarget(t *testing.T) {
 		name := c.Name()
 		require.Len(t, c.Rounds, 2*cfg.Rounds, name)
 		switch c.Kind {
-		case ScaleBlockedKind:
-			require.Equal(t, map[string]int{SideBefore: c.Blocked, SideAfter: c.Blocked}, c.SeededBlocked, "%s: seeding created exactly K blocked messages", name)
+		case scaleBlockedKind:
+			require.Equal(t, map[string]int{sideBefore: c.Blocked, sideAfter: c.Blocked}, c.SeededBlocked, "%s: seeding created exactly K blocked messages", name)
 			for _, r := range c.Rounds {
 				require.Equal(t, cfg.ScaleCalls, r.Sample.EmptyCalls, name)
 				require.Zero(t, r.Sample.EmptyRowsReturned, "%s %s: the empty fetch returned no row", name, r.Side)
@@ -210,12 +210,12 @@ func TestScaleRunProducesEveryFigureAndTarget(t *testing.T) {
 				require.NotNil(t, f.Before, "%s %s", name, key)
 				require.NotNil(t, f.After, "%s %s", name, key)
 			}
-		case ScaleIdleKind:
+		case scaleIdleKind:
 			require.Equal(t, cfg.ScaleIdleDispatchers, c.Dispatchers)
 			f := c.Figure("polls_per_s")
 			require.NotNil(t, f, name)
 			require.Greater(t, *f.After, 0.0, "%s: the idle dispatchers polled", name)
-		case ScaleCompletedKind:
+		case scaleCompletedKind:
 			for _, r := range c.Rounds {
 				require.Equal(t, cfg.ScaleCalls, r.Sample.CycleAcks, "%s %s: every cycle acked", name, r.Side)
 				require.Equal(t, cfg.ScaleCalls, r.Sample.LargeRowsReturned, "%s %s: every large-history fetch returned it", name, r.Side)

@@ -60,9 +60,9 @@ func percentileMs(us []int64, p float64) *float64 {
 	return fp(usToMs(dispatch.Percentile(s, p)))
 }
 
-// SampleFromEvents reduces the events of a dispatch run that lasted
+// sampleFromEvents reduces the events of a dispatch run that lasted
 // elapsed.
-func SampleFromEvents(events []dispatch.Event, elapsed time.Duration) Sample {
+func sampleFromEvents(events []dispatch.Event, elapsed time.Duration) Sample {
 	var rowLat, emptyLat, ackLat []int64
 	s := Sample{ElapsedS: elapsed.Seconds()}
 	dead, ackFail, maxAttempt := 0, 0, 0
@@ -120,9 +120,9 @@ func (s *Sample) setCPU(cpu float64) {
 	}
 }
 
-// Median is the median of the non-nil values (the mean of the two middle
+// median is the median of the non-nil values (the mean of the two middle
 // ones for an even count); nil when there is none.
-func Median(values []*float64) *float64 {
+func median(values []*float64) *float64 {
 	var v []float64
 	for _, p := range values {
 		if p != nil && !math.IsNaN(*p) {
@@ -140,9 +140,9 @@ func Median(values []*float64) *float64 {
 	return fp((v[n/2-1] + v[n/2]) / 2)
 }
 
-// Ratio is num/den; nil when either is missing or den is 0 (a ratio over
+// ratio is num/den; nil when either is missing or den is 0 (a ratio over
 // nothing: the report then says which side was 0).
-func Ratio(num, den *float64) *float64 {
+func ratio(num, den *float64) *float64 {
 	if num == nil || den == nil || *den == 0 {
 		return nil
 	}
@@ -218,9 +218,9 @@ type Figure struct {
 // Sides of a cell: the schema before the fix, the schema with it, and (in
 // queue-only cells) the bare queue.
 const (
-	SideBefore   = "before"
-	SideAfter    = "after"
-	SideBaseline = "baseline"
+	sideBefore   = "before"
+	sideAfter    = "after"
+	sideBaseline = "baseline"
 )
 
 // Round is one round of one side of a cell, with the sample S it measured.
@@ -230,8 +230,8 @@ type Round[S any] struct {
 	Sample S      `json:"sample"`
 }
 
-// RoundSample is one round of one side of a dispatcher cell.
-type RoundSample = Round[Sample]
+// roundSample is one round of one side of a dispatcher cell.
+type roundSample = Round[Sample]
 
 // Comparison is what every cell holds, whatever it measures: the versions
 // its two sides run, every round of every side, and the figures (medians,
@@ -248,9 +248,9 @@ type Comparison[S any] struct {
 // Version is the schema version of side (0 for the baseline).
 func (c *Comparison[S]) Version(side string) int64 {
 	switch side {
-	case SideBefore:
+	case sideBefore:
 		return c.BeforeVersion
-	case SideAfter:
+	case sideAfter:
 		return c.AfterVersion
 	}
 	return 0
@@ -273,7 +273,7 @@ func (c *Comparison[S]) record(round int, side string, s S) {
 // runRound runs the two sides of cell name in round, before then after,
 // and records their samples; note announces each run.
 func (c *Comparison[S]) runRound(round int, name string, note func(round int, label string), run func(side string) (S, error)) error {
-	for _, side := range []string{SideBefore, SideAfter} {
+	for _, side := range []string{sideBefore, sideAfter} {
 		v := c.Version(side)
 		note(round, fmt.Sprintf("%s v%d", name, v))
 		s, err := run(side)
@@ -300,11 +300,11 @@ func (c *Comparison[S]) computeFigures(defs []figureDef[S]) {
 		if !any {
 			continue
 		}
-		f := Figure{Key: def.Key, Unit: def.Unit, Before: Median(bySide[SideBefore]), After: Median(bySide[SideAfter])}
-		f.Ratio = Ratio(f.After, f.Before)
-		if len(bySide[SideBaseline]) > 0 {
-			f.Baseline = Median(bySide[SideBaseline])
-			f.RatioToBaseline = Ratio(f.After, f.Baseline)
+		f := Figure{Key: def.Key, Unit: def.Unit, Before: median(bySide[sideBefore]), After: median(bySide[sideAfter])}
+		f.Ratio = ratio(f.After, f.Before)
+		if len(bySide[sideBaseline]) > 0 {
+			f.Baseline = median(bySide[sideBaseline])
+			f.RatioToBaseline = ratio(f.After, f.Baseline)
 		}
 		c.Figures = append(c.Figures, f)
 	}

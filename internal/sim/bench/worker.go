@@ -49,8 +49,8 @@ func workerFigures() []figureDef[WorkerSample] {
 	}
 }
 
-// WorkerRound is one round of one side of a worker cell.
-type WorkerRound = Round[WorkerSample]
+// workerRound is one round of one side of a worker cell.
+type workerRound = Round[WorkerSample]
 
 // WorkerCell is the worker scenario at one worker count, with or without
 // sessions.
@@ -115,7 +115,7 @@ type workerBench struct {
 func newWorkerBench(ctx context.Context, dsn string, cfg Config) (*workerBench, error) {
 	bug, fix := WorkerVersions()
 	wb := &workerBench{dsn: dsn, cfg: cfg, schemas: map[string]string{}}
-	for side, v := range map[string]int64{SideBefore: bug, SideAfter: fix} {
+	for side, v := range map[string]int64{sideBefore: bug, sideAfter: fix} {
 		wb.schemas[side] = "bench_worker_" + side
 		if err := migrateSchema(ctx, dsn, wb.schemas[side], v); err != nil {
 			return nil, err
@@ -176,7 +176,7 @@ func printWorkerTable(w io.Writer, cells []WorkerCell) error {
 	return printRows(w, header, rows)
 }
 
-// workerMarkdown renders the worker cells as a Markdown section.
+// workerMarkdown renders the worker cells as a markdown section.
 func workerMarkdown(cells []WorkerCell, s Settings) string {
 	if len(cells) == 0 {
 		return ""

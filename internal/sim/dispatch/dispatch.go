@@ -122,26 +122,26 @@ type Hooks struct {
 
 // Defaults.
 const (
-	DefaultDispatchers   = 16
-	DefaultInstances     = 1
-	DefaultHistoryEvents = 5000
-	DefaultEventBytes    = 250
-	DefaultLockTimeout   = 5 * time.Second
+	defaultDispatchers   = 16
+	defaultInstances     = 1
+	defaultHistoryEvents = 5000
+	defaultEventBytes    = 250
+	defaultLockTimeout   = 5 * time.Second
 	DefaultPollInterval  = simconfig.DefaultPollInterval
-	DefaultDuration      = simconfig.DefaultDuration
+	defaultDuration      = simconfig.DefaultDuration
 	DefaultMaxAttempts   = 10
-	DefaultShutdownGrace = time.Second
+	defaultShutdownGrace = time.Second
 )
 
 // WithDefaults fills the zero fields.
 func (c Config) WithDefaults() Config {
-	defaults.Set(&c.Dispatchers, DefaultDispatchers)
-	defaults.Set(&c.Instances, DefaultInstances)
-	defaults.Set(&c.HistoryEvents, DefaultHistoryEvents)
-	defaults.Set(&c.EventBytes, DefaultEventBytes)
-	c.Run = c.Run.WithDefaults(DefaultLockTimeout)
+	defaults.Set(&c.Dispatchers, defaultDispatchers)
+	defaults.Set(&c.Instances, defaultInstances)
+	defaults.Set(&c.HistoryEvents, defaultHistoryEvents)
+	defaults.Set(&c.EventBytes, defaultEventBytes)
+	c.Run = c.Run.WithDefaults(defaultLockTimeout)
 	defaults.Set(&c.MaxAttempts, DefaultMaxAttempts)
-	defaults.Set(&c.ShutdownGrace, DefaultShutdownGrace)
+	defaults.Set(&c.ShutdownGrace, defaultShutdownGrace)
 	return c
 }
 
@@ -328,7 +328,7 @@ type callTimes struct{ before, after, latencyUs int64 }
 
 // call runs f on the connection (connecting first when the last one was
 // lost), timing it with the dispatcher's clock and telling Hooks.Call. An
-// error that lost the connection comes back as a *LostConnError and the
+// error that lost the connection comes back as a *lostConnError and the
 // connection is dropped.
 func (d *dispatcher) call(ctx context.Context, kind Kind, f func(conn *pgx.Conn, nowMs int64) error) (callTimes, error) {
 	d.connMu.Lock()
@@ -337,7 +337,7 @@ func (d *dispatcher) call(ctx context.Context, kind Kind, f func(conn *pgx.Conn,
 		c, err := d.connect(ctx)
 		if err != nil {
 			now := d.now()
-			return callTimes{before: now, after: now}, &LostConnError{fmt.Errorf("connect: %w", err)}
+			return callTimes{before: now, after: now}, &lostConnError{fmt.Errorf("connect: %w", err)}
 		}
 		d.conn = c
 	}
@@ -353,7 +353,7 @@ func (d *dispatcher) call(ctx context.Context, kind Kind, f func(conn *pgx.Conn,
 	lost := connLost(d.conn, err)
 	if lost {
 		d.dropLocked()
-		err = &LostConnError{err}
+		err = &lostConnError{err}
 	}
 	if done != nil {
 		done(err, lost && ctx.Err() == nil)
@@ -361,12 +361,12 @@ func (d *dispatcher) call(ctx context.Context, kind Kind, f func(conn *pgx.Conn,
 	return t, err
 }
 
-// LostConnError is a call's error that lost its connection: whether the
+// lostConnError is a call's error that lost its connection: whether the
 // call took effect is unknown.
-type LostConnError struct{ Err error }
+type lostConnError struct{ Err error }
 
-func (e *LostConnError) Error() string { return e.Err.Error() }
-func (e *LostConnError) Unwrap() error { return e.Err }
+func (e *lostConnError) Error() string { return e.Err.Error() }
+func (e *lostConnError) Unwrap() error { return e.Err }
 
 // connLost reports an error that lost the connection: the connection is
 // closed, or the server ended the session (admin_shutdown, crash_shutdown,
@@ -453,7 +453,7 @@ func (d *dispatcher) fetch(ctx context.Context) (*fetched, error) {
 		ev.Instance, ev.Token, ev.AttemptCount = it.InstanceID, it.LockToken, it.AttemptCount
 		ev.Outcome = OutcomeOK
 		d.readLease(ctx, &ev, it, t.after)
-		ids, derr := MessageIDs(it.Messages)
+		ids, derr := messageIDs(it.Messages)
 		ev.Messages = ids
 		pause, crash := time.Duration(0), false
 		if d.cfg.Hooks.Crash != nil {
@@ -724,11 +724,11 @@ func (q probedAck) QueryRow(ctx context.Context, sql string, args ...any) pgx.Ro
 }
 
 func (d *dispatcher) abandon(ctx context.Context, it *fetched, delay time.Duration) {
-	t, err := d.call(ctx, KindAbandon, func(conn *pgx.Conn, now int64) error {
+	t, err := d.call(ctx, kindAbandon, func(conn *pgx.Conn, now int64) error {
 		_, err := d.client.Abandon(ctx, conn, it.LockToken, now, delay.Milliseconds(), false)
 		return err
 	})
-	d.log.Add(Event{Dispatcher: d.id, Kind: KindAbandon, Instance: it.InstanceID, Token: it.LockToken,
+	d.log.Add(Event{Dispatcher: d.id, Kind: kindAbandon, Instance: it.InstanceID, Token: it.LockToken,
 		CallerBeforeMs: t.before, CallerAfterMs: t.after, LatencyUs: t.latencyUs, AttemptCount: it.AttemptCount,
 		Messages: it.ids, Outcome: outcome(err)})
 }
@@ -737,11 +737,11 @@ func (d *dispatcher) abandon(ctx context.Context, it *fetched, delay time.Durati
 // StartRenewal.
 func (d *dispatcher) startRenewal(ctx context.Context, it *fetched) func() {
 	return StartRenewal(ctx, d.cfg.LockTimeout, func(rctx context.Context, extendSecs int64) (func(), error) {
-		t, err := d.call(rctx, KindRenew, func(conn *pgx.Conn, now int64) error {
+		t, err := d.call(rctx, kindRenew, func(conn *pgx.Conn, now int64) error {
 			return d.client.Renew(rctx, conn, it.LockToken, now, extendSecs)
 		})
 		return func() {
-			d.log.Add(Event{Dispatcher: d.id, Kind: KindRenew, Instance: it.InstanceID, Token: it.LockToken,
+			d.log.Add(Event{Dispatcher: d.id, Kind: kindRenew, Instance: it.InstanceID, Token: it.LockToken,
 				CallerBeforeMs: t.before, CallerAfterMs: t.after, LatencyUs: t.latencyUs, AttemptCount: it.AttemptCount,
 				Outcome: outcome(err)})
 		}, err
@@ -788,7 +788,7 @@ func StartRenewal(ctx context.Context, timeout time.Duration, renew func(ctx con
 }
 
 func outcome(err error) string {
-	var lost *LostConnError
+	var lost *lostConnError
 	switch {
 	case err == nil:
 		return OutcomeOK
@@ -809,7 +809,7 @@ func isRenewRefused(err error) bool {
 // invalidated cached plans (0A000) and I/O errors (a lost connection, on
 // which the dispatcher connects again) are retried.
 func retryable(err error) bool {
-	var lost *LostConnError
+	var lost *lostConnError
 	if errors.As(err, &lost) {
 		return true
 	}

@@ -13,8 +13,8 @@ type Kind string
 const (
 	// KindFetch is one fetch_orchestration_item call (with or without a row).
 	KindFetch Kind = "fetch"
-	// KindRenew is one renew_orchestration_item_lock call.
-	KindRenew Kind = "renew"
+	// kindRenew is one renew_orchestration_item_lock call.
+	kindRenew Kind = "renew"
 	// KindAck is the ack of a normal turn (or of a terminal instance's batch).
 	KindAck Kind = "ack"
 	// KindFailAck is the runtime's second ack after an ack failed: the same
@@ -23,9 +23,9 @@ const (
 	// KindPoison is the poison ack of a batch whose attempt_count exceeded
 	// MaxAttempts.
 	KindPoison Kind = "poison"
-	// KindAbandon is an abandon_orchestration_item call (only on the
+	// kindAbandon is an abandon_orchestration_item call (only on the
 	// runtime's pinned-version check, which the seeded instances pass).
-	KindAbandon Kind = "abandon"
+	kindAbandon Kind = "abandon"
 	// KindLeaseRead is the read of a fetched lease (Hooks.Call sees it;
 	// the log records it in its fetch's Event).
 	KindLeaseRead Kind = "lease_read"
@@ -170,8 +170,8 @@ const (
 	// (or it was taken over before the fetch could read it), during the
 	// row's delivery, or while the caller processed the turn and sent the
 	// ack; RefusedLate when the fetch is not known.
-	RefusedLateAtReturn     = "late_expired_at_return"
-	RefusedLateInDelivery   = "late_expired_in_delivery"
+	refusedLateAtReturn     = "late_expired_at_return"
+	refusedLateInDelivery   = "late_expired_in_delivery"
 	RefusedLateInProcessing = "late_expired_in_processing"
 	RefusedLate             = "late"
 )
@@ -222,12 +222,12 @@ func (e Event) RefusedAck(fetch *Event) Refusal {
 	case r.LockedUntilMs == 0 && fetch != nil && fetch.LostInDelivery():
 		// Taken over between the return and its fetch's read: run out in
 		// the row's delivery, by the taker's clock.
-		r.Cause = RefusedLateInDelivery
+		r.Cause = refusedLateInDelivery
 		return r
 	case r.LockedUntilMs == 0 && fetch != nil && fetch.LeaseLost:
 		// Taken over before its fetch could read it (the read failed):
 		// dead at return, which the fetch's own check counts.
-		r.Cause = RefusedLateAtReturn
+		r.Cause = refusedLateAtReturn
 		return r
 	case r.LockedUntilMs == 0 || r.LockedUntilMs > r.ClockMs:
 		r.Cause = RefusedWhileValid
@@ -238,11 +238,11 @@ func (e Event) RefusedAck(fetch *Event) Refusal {
 	case fetch == nil:
 		r.Cause = RefusedLate
 	case fetch.DBReturnMs > 0 && r.LockedUntilMs <= fetch.DBReturnMs:
-		r.Cause = RefusedLateAtReturn
+		r.Cause = refusedLateAtReturn
 	case fetch.DBAtReturnMs == 0:
 		r.Cause = RefusedLate
 	case r.LockedUntilMs <= fetch.DBAtReturnMs:
-		r.Cause = RefusedLateInDelivery
+		r.Cause = refusedLateInDelivery
 	default:
 		r.Cause = RefusedLateInProcessing
 		r.ProcessingMs = e.AckDBStartMs - fetch.DBAtReturnMs

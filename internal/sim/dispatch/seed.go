@@ -21,8 +21,8 @@ type SeedInfo struct {
 	Messages []string `json:"messages"`
 }
 
-// InstanceID names seeded instance i (0-based).
-func InstanceID(i int) string { return fmt.Sprintf("organic-%04d", i) }
+// instanceID names seeded instance i (0-based).
+func instanceID(i int) string { return fmt.Sprintf("organic-%04d", i) }
 
 // Seed EMPTIES the orchestration tables of cfg.Schema (instances,
 // executions, history, orchestrator_queue, worker_queue, instance_locks,
@@ -65,7 +65,7 @@ func Seed(ctx context.Context, dsn string, cfg Config) (SeedInfo, error) {
 	var info SeedInfo
 	var instRows, execRows, queueRows [][]any
 	for i := 0; i < cfg.Instances; i++ {
-		id := InstanceID(i)
+		id := instanceID(i)
 		info.Instances = append(info.Instances, id)
 		instRows = append(instRows, []any{id, OrchestrationName, OrchestrationVersion, int64(1), now, now})
 		execRows = append(execRows, []any{id, int64(1), "Running", now, int32(0), int32(1), int32(29)})
@@ -128,8 +128,8 @@ func (h *historySource) Next() bool {
 	if h.inst >= h.cfg.Instances {
 		return false
 	}
-	e := seedEvent(InstanceID(h.inst), int64(h.ev), int64(h.cfg.HistoryEvents), h.nowMs-int64(h.cfg.HistoryEvents-h.ev), h.cfg.EventBytes)
-	h.row = []any{InstanceID(h.inst), int64(1), int64(h.ev), "Event", string(e), h.created}
+	e := seedEvent(instanceID(h.inst), int64(h.ev), int64(h.cfg.HistoryEvents), h.nowMs-int64(h.cfg.HistoryEvents-h.ev), h.cfg.EventBytes)
+	h.row = []any{instanceID(h.inst), int64(1), int64(h.ev), "Event", string(e), h.created}
 	return true
 }
 
@@ -200,7 +200,7 @@ func PendingMessages(ctx context.Context, dsn, schema string) ([]string, error) 
 		return nil, err
 	}
 	arr, _ := json.Marshal(items)
-	return MessageIDs(arr)
+	return messageIDs(arr)
 }
 
 // Conservation checks that no message was lost or delivered twice: every

@@ -117,9 +117,9 @@ func (m metadata) JSON() json.RawMessage {
 
 func strp(s string) *string { return &s }
 
-// MessageIDs returns the data of each ExternalRaised of a fetched batch (the
+// messageIDs returns the data of each ExternalRaised of a fetched batch (the
 // message ids); other work items yield "".
-func MessageIDs(messages json.RawMessage) ([]string, error) {
+func messageIDs(messages json.RawMessage) ([]string, error) {
 	var items []map[string]json.RawMessage
 	if len(messages) == 0 {
 		return nil, nil

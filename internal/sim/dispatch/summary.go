@@ -212,9 +212,9 @@ func Summarize(events []Event, elapsed time.Duration, maxAttempts int) Summary {
 				default:
 					s.RefusedLateAcks++
 					switch r.Cause {
-					case RefusedLateAtReturn:
+					case refusedLateAtReturn:
 						s.LateAtReturn++
-					case RefusedLateInDelivery:
+					case refusedLateInDelivery:
 						s.LateInDelivery++
 					case RefusedLateInProcessing:
 						s.LateInProcessing++
@@ -232,12 +232,12 @@ func Summarize(events []Event, elapsed time.Duration, maxAttempts int) Summary {
 			if e.Outcome == OutcomeOK {
 				s.FailAcksOK++
 			}
-		case KindRenew:
+		case kindRenew:
 			s.Renewals++
 			if e.Outcome != OutcomeOK {
 				s.RenewalsFailed++
 			}
-		case KindAbandon:
+		case kindAbandon:
 			s.Abandons++
 		}
 	}

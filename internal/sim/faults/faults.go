@@ -9,7 +9,7 @@
 // fail_ack after a refused ack); this package only injects the faults,
 // through dispatch.Hooks. As in dispatch, a dispatcher whose connection is
 // lost connects again (here with backoff), and a call whose connection was
-// lost is recorded with an unknown outcome (invariant.OutcomeUnknownPrefix)
+// lost is recorded with an unknown outcome (invariant.IsUnknown, which tests for its prefix)
 // and retried on the new connection when it is an ack.
 //
 // Faults (Config): backends terminated with pg_terminate_backend while a
@@ -75,7 +75,7 @@ func (c Config) WithDefaults() Config {
 	defaults.Set(&c.Instances, 3)
 	defaults.Set(&c.HistoryEvents, 20)
 	defaults.Set(&c.EventBytes, 100)
-	defaults.Set(&c.LockTimeout, DefaultLockTimeout)
+	defaults.Set(&c.LockTimeout, defaultLockTimeout)
 	defaults.Set(&c.PollInterval, 25*time.Millisecond)
 	defaults.Set(&c.Duration, 3*time.Second)
 	defaults.Set(&c.ShutdownGrace, 2*c.LockTimeout+2*time.Second)

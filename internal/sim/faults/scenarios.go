@@ -20,20 +20,20 @@ type Scenario struct {
 	NeedsRestart bool
 }
 
-// DefaultLockTimeout is the scenarios' lock timeout T.
-const DefaultLockTimeout = 500 * time.Millisecond
+// defaultLockTimeout is the scenarios' lock timeout T.
+const defaultLockTimeout = 500 * time.Millisecond
 
 // base is the shape every scenario shares: 4 dispatchers on 3 hot
 // instances, T = 500 ms, 20 ms turns.
 func base(d time.Duration) Config {
 	return Config{Config: dispatch.Config{
-		Run:         simconfig.Run{LockTimeout: DefaultLockTimeout, Duration: d},
+		Run:         simconfig.Run{LockTimeout: defaultLockTimeout, Duration: d},
 		Dispatchers: 4, Instances: 3, HistoryEvents: 20, EventBytes: 100, TurnTime: 20 * time.Millisecond}}
 }
 
-// UniformSkews are the uniform clock offsets the skew scenarios use, for a
+// uniformSkews are the uniform clock offsets the skew scenarios use, for a
 // lock timeout t: -60 s, -2t, 0, +2t, +60 s.
-func UniformSkews(t time.Duration) []time.Duration {
+func uniformSkews(t time.Duration) []time.Duration {
 	return []time.Duration{-60 * time.Second, -2 * t, 0, 2 * t, 60 * time.Second}
 }
 
@@ -67,21 +67,21 @@ func Scenarios(d time.Duration) []Scenario {
 	rs := base(d + time.Second)
 	rs.Restarts = 1
 	out = append(out, Scenario{Name: "restart", Config: rs, Checks: Checks{RequireAdvance: true}, NeedsRestart: true})
-	for _, s := range UniformSkews(DefaultLockTimeout) {
+	for _, s := range uniformSkews(defaultLockTimeout) {
 		c := base(d)
 		c.Skews = clock.Same(c.Dispatchers, s)
 		out = append(out, Scenario{Name: fmt.Sprintf("skew%+dms", s.Milliseconds()), Config: c,
 			Checks: Checks{ForbidDeadLeases: true, RequireAdvance: true}})
 	}
 	mixed := base(d)
-	mixed.Skews = MixedSkews(mixed.Dispatchers, DefaultLockTimeout)
+	mixed.Skews = MixedSkews(mixed.Dispatchers, defaultLockTimeout)
 	out = append(out, Scenario{Name: "skew-mixed", Config: mixed, Checks: Checks{RequireAdvance: true}})
 	return out
 }
 
-// Mixed is a soak round: every fault at once, with parameters drawn from
+// mixed is a soak round: every fault at once, with parameters drawn from
 // rng, for d. withRestart adds one server restart.
-func Mixed(rng *rand.Rand, d time.Duration, withRestart bool) Scenario {
+func mixed(rng *rand.Rand, d time.Duration, withRestart bool) Scenario {
 	c := base(d)
 	c.Dispatchers = 2 + rng.IntN(7)
 	c.Instances = 1 + rng.IntN(4)
@@ -95,7 +95,7 @@ func Mixed(rng *rand.Rand, d time.Duration, withRestart bool) Scenario {
 	}
 	c.Skews = MixedSkews(c.Dispatchers, c.LockTimeout)
 	if rng.IntN(3) == 0 {
-		c.Skews = clock.Same(c.Dispatchers, UniformSkews(c.LockTimeout)[rng.IntN(5)])
+		c.Skews = clock.Same(c.Dispatchers, uniformSkews(c.LockTimeout)[rng.IntN(5)])
 	}
 	c.RandSeed = rng.Uint64()
 	if withRestart {

@@ -18,7 +18,7 @@ func OldestVersion() int64 {
 	return bug
 }
 
-// SoakOptions describe a soak: rounds of Mixed faults on one schema.
+// SoakOptions describe a soak: rounds of mixed faults on one schema.
 type SoakOptions struct {
 	// Schema holds the duroxide-pg objects; every round EMPTIES and
 	// reseeds it.
@@ -86,7 +86,7 @@ func (s *SoakSummary) add(res *Result) {
 	s.RoundResults = append(s.RoundResults, SoakRoundBrief{res.Report.Leases, int(res.Faults.Total()), len(res.Report.Violations)})
 }
 
-// Soak runs rounds of Mixed faults against the schema at dsn for
+// Soak runs rounds of mixed faults against the schema at dsn for
 // opts.Duration and adds them up. The error is for a round that could not
 // be made (or ctx ending); violations are in the summary.
 func Soak(ctx context.Context, dsn string, opts SoakOptions) (*SoakSummary, error) {
@@ -98,7 +98,7 @@ func Soak(ctx context.Context, dsn string, opts SoakOptions) (*SoakSummary, erro
 		if d < time.Second {
 			break
 		}
-		sc := Mixed(rng, d, opts.Restart != nil && sum.Rounds%3 == 2)
+		sc := mixed(rng, d, opts.Restart != nil && sum.Rounds%3 == 2)
 		sc.Config.Schema = opts.Schema
 		if sc.NeedsRestart {
 			sc.Config.Restart = opts.Restart

@@ -24,7 +24,7 @@
 //
 // Faults make some outcomes unknown: an ack whose connection died may or
 // may not have committed. Such events carry an Outcome starting with
-// OutcomeUnknownPrefix, and the checker decides from the log: an ack that
+// outcomeUnknownPrefix, and the checker decides from the log: an ack that
 // enqueued ids committed iff one of them was later fetched or is pending; an
 // ack that enqueued nothing committed iff none of its batch's messages was
 // fetched again under another token or is pending.
@@ -40,20 +40,20 @@ import (
 	"github.com/duroxide-pg/migrations/internal/sim/eventlog"
 )
 
-// OutcomeUnknownPrefix starts the Outcome of a call whose result is unknown
+// outcomeUnknownPrefix starts the Outcome of a call whose result is unknown
 // (the connection was lost while it ran); the dispatchers record it
 // (dispatch.Unknown).
-const OutcomeUnknownPrefix = dispatch.OutcomeUnknownPrefix
+const outcomeUnknownPrefix = dispatch.OutcomeUnknownPrefix
 
-// DetailLeaseUnread marks a fetch whose lease could not be read after it
+// detailLeaseUnread marks a fetch whose lease could not be read after it
 // returned (the connection was lost): it is not counted as dead.
-const DetailLeaseUnread = dispatch.DetailLeaseUnread
+const detailLeaseUnread = dispatch.DetailLeaseUnread
 
-// Unknown returns the Outcome of a call whose connection was lost with err.
-func Unknown(err error) string { return dispatch.Unknown(err) }
+// unknown returns the Outcome of a call whose connection was lost with err.
+func unknown(err error) string { return dispatch.Unknown(err) }
 
-// IsUnknown reports an Outcome recorded with Unknown.
-func IsUnknown(outcome string) bool { return dispatch.IsUnknown(outcome) }
+// isUnknown reports an Outcome recorded with unknown.
+func isUnknown(outcome string) bool { return dispatch.IsUnknown(outcome) }
 
 // The invariants, as named in Violation.Invariant.
 const (
@@ -207,7 +207,7 @@ func Check(in Input) Report {
 		}
 		// Dead leases.
 		r.Checks++
-		if e.Detail != DetailLeaseUnread && (e.LeaseLost || e.RemainingMs <= 0) {
+		if e.Detail != detailLeaseUnread && (e.LeaseLost || e.RemainingMs <= 0) {
 			r.DeadLeases++
 			if in.ForbidDeadLeases {
 				r.Violations = append(r.Violations, Violation{DeadLease, e.Instance,
@@ -234,7 +234,7 @@ func Check(in Input) Report {
 			continue
 		}
 		committed := e.Outcome == dispatch.OutcomeOK
-		if IsUnknown(e.Outcome) {
+		if isUnknown(e.Outcome) {
 			r.UnknownAcks++
 			committed = !okTokens[e.Token] && !resolved[e.Token] && resolveUnknown(e, fetchedBy, pending)
 			if committed {

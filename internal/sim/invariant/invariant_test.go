@@ -89,7 +89,7 @@ func TestLostMessage(t *testing.T) {
 // An ack whose connection died: committed when what it enqueued shows up,
 // not when its batch is fetched again.
 func TestUnknownAckResolution(t *testing.T) {
-	lost := Unknown(errors.New("conn closed"))
+	lost := unknown(errors.New("conn closed"))
 	committed := []dispatch.Event{
 		fetch(1, "a", "t1", 0, 5, "m0"),
 		ack(1, "a", "t1", 10, 12, lost, []string{"m0"}, "m1"),

@@ -18,18 +18,18 @@ import (
 func Kinds() []string { return []string{"minimal", "organic", "worker-minimal", "worker", "runtime"} }
 
 // OrganicRepro prepares the organic scenario's schemas in the database of
-// dsn (PrepareOrganic) and runs it (RunOrganic).
+// dsn (prepareOrganic) and runs it (RunOrganic).
 func OrganicRepro(ctx context.Context, dsn string, cfg dispatch.Config, progress func(string)) (OrganicResult, error) {
-	return prepareAndRun(ctx, dsn, "organic repro", PrepareOrganic, func(schemas map[int]string) (OrganicResult, error) {
+	return prepareAndRun(ctx, dsn, "organic repro", prepareOrganic, func(schemas map[int]string) (OrganicResult, error) {
 		return RunOrganic(ctx, dsn, schemas, cfg, progress)
 	})
 }
 
 // WorkerRepro prepares the worker scenario's schemas in the database of
-// dsn (PrepareWorker) and runs it (RunWorker).
+// dsn (prepareWorker) and runs it (runWorker).
 func WorkerRepro(ctx context.Context, dsn string, cfg worker.Config, progress func(string)) (WorkerResult, error) {
-	return prepareAndRun(ctx, dsn, "worker repro", PrepareWorker, func(schemas map[int]string) (WorkerResult, error) {
-		return RunWorker(ctx, dsn, schemas, cfg, progress)
+	return prepareAndRun(ctx, dsn, "worker repro", prepareWorker, func(schemas map[int]string) (WorkerResult, error) {
+		return runWorker(ctx, dsn, schemas, cfg, progress)
 	})
 }
 
@@ -58,7 +58,7 @@ func PrintOrganic(w io.Writer, res OrganicResult) error {
 // PrintWorker writes what the worker repro is, then its table.
 func PrintWorker(w io.Writer, res WorkerResult) error {
 	fmt.Fprint(w, "worker repro: simulated activity workers with sessions and tags, runtime clocks spread around the database's\n\n")
-	return PrintWorkerTable(w, res)
+	return printWorkerTable(w, res)
 }
 
 // Report is what a run of several repros gave: the results of those that
@@ -120,16 +120,16 @@ func (r Report) write(dir string) error {
 	}
 	var sections []string
 	if len(r.Minimal) > 0 {
-		sections = append(sections, MinimalMarkdown(r.Minimal))
+		sections = append(sections, minimalMarkdown(r.Minimal))
 	}
 	if len(r.WorkerMinimal) > 0 {
 		sections = append(sections, WorkerMinimalMarkdown(r.WorkerMinimal))
 	}
 	if r.Worker != nil {
-		sections = append(sections, WorkerMarkdown(*r.Worker))
+		sections = append(sections, workerMarkdown(*r.Worker))
 	}
 	if r.Runtime != nil {
-		sections = append(sections, RuntimeMarkdown(*r.Runtime))
+		sections = append(sections, runtimeMarkdown(*r.Runtime))
 	}
 	if len(sections) == 0 {
 		return nil

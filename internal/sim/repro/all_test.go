@@ -39,7 +39,7 @@ func TestMinimalRendersBothVersionsSideBySideWithTheVerdict(t *testing.T) {
 		require.Contains(t, text, want)
 	}
 
-	md := MinimalMarkdown(results)
+	md := minimalMarkdown(results)
 	require.Contains(t, md, fmt.Sprintf("|  | version %d | version %d |", bug, fix))
 	require.Contains(t, md, "| remaining lease at return (ms, db clock) | -5000 | +4990 |")
 	require.Contains(t, md, "| ack with the returned token | Invalid lock token | ok |")

@@ -172,9 +172,9 @@ func atEach[R any](versions []int64, what string, run func(v int64) (R, error)) 
 // the fix.
 func MinimalVerdict(results []MinimalResult) bool { return pairVerdict(results) }
 
-// MinimalRows are the minimal repro's side-by-side rows: a header, then
+// minimalRows are the minimal repro's side-by-side rows: a header, then
 // label and one cell per version.
-func MinimalRows(results []MinimalResult) [][]string {
+func minimalRows(results []MinimalResult) [][]string {
 	return append([][]string{versionHeader(results)}, rowsOf(results, []rowDef[MinimalResult]{
 		{"row returned", func(r MinimalResult) string { return fmt.Sprint(r.Fetched) }},
 		{"remaining lease at return (ms, db clock)", func(r MinimalResult) string { return fmt.Sprintf("%+d", r.RemainingMs) }},
@@ -190,11 +190,11 @@ func PrintMinimal(w io.Writer, results []MinimalResult) error {
 	}
 	fmt.Fprintf(w, "minimal repro: fetch with p_now_ms %d ms stale, lock timeout %d ms, runtime version filter\n\n",
 		results[0].StaleMs, results[0].LockTimeoutMs)
-	return printPair(w, results, MinimalRows(results))
+	return printPair(w, results, minimalRows(results))
 }
 
-// MinimalMarkdown renders the minimal repro's results as a Markdown section.
-func MinimalMarkdown(results []MinimalResult) string {
+// minimalMarkdown renders the minimal repro's results as a Markdown section.
+func minimalMarkdown(results []MinimalResult) string {
 	if len(results) == 0 {
 		return ""
 	}
@@ -203,7 +203,7 @@ func MinimalMarkdown(results []MinimalResult) string {
 	fmt.Fprintf(&b, "One visible message; fetch with p_now_ms %d ms behind the database clock and a %d ms lock timeout; "+
 		"remaining lease read against the database clock right after the call; then an ack with the returned token.\n\n",
 		results[0].StaleMs, results[0].LockTimeoutMs)
-	rows := MinimalRows(results)
+	rows := minimalRows(results)
 	writeMarkdownTable(&b, rows[0], rows[1:])
 	return b.String()
 }

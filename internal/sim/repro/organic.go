@@ -24,8 +24,8 @@ const (
 	// Shares are judged only over enough leases: a run with fewer fails
 	// its "leases returned" check (run it longer) rather than pass or fail
 	// on a percentage of a handful.
-	MinBugLeases = 20
-	MinFixLeases = 50
+	minBugLeases = 20
+	minFixLeases = 50
 	// At the fix the median lease must reach the return of the function
 	// with at most this share of it used up, by the database clock. The
 	// fix counts the lease from its own last step, so what it uses is
@@ -117,17 +117,17 @@ func OrganicShort() dispatch.Config {
 	return c
 }
 
-// OrganicSchemas are the schemas PrepareOrganic migrates, by version:
+// organicSchemas are the schemas prepareOrganic migrates, by version:
 // organic_vN for each of Versions.
-func OrganicSchemas() map[int]string {
+func organicSchemas() map[int]string {
 	bug, fix := Versions()
 	return schemasOf("organic", bug, fix)
 }
 
-// PrepareOrganic migrates OrganicSchemas in the database of dsn, each to its
+// prepareOrganic migrates organicSchemas in the database of dsn, each to its
 // version. It returns the map RunOrganic takes.
-func PrepareOrganic(ctx context.Context, dsn string) (map[int]string, error) {
-	return prepare(ctx, dsn, "organic", OrganicSchemas())
+func prepareOrganic(ctx context.Context, dsn string) (map[int]string, error) {
+	return prepare(ctx, dsn, "organic", organicSchemas())
 }
 
 // OrganicSettings echoes the scenario's settings in readable units.
@@ -144,8 +144,8 @@ type OrganicSettings struct {
 	MaxAttempts    int     `json:"max_attempts"`
 }
 
-// Settings echoes cfg.
-func Settings(cfg dispatch.Config) OrganicSettings {
+// settings echoes cfg.
+func settings(cfg dispatch.Config) OrganicSettings {
 	cfg = cfg.WithDefaults()
 	return OrganicSettings{
 		Dispatchers: cfg.Dispatchers, Instances: cfg.Instances, HistoryEvents: cfg.HistoryEvents,
@@ -155,15 +155,15 @@ func Settings(cfg dispatch.Config) OrganicSettings {
 	}
 }
 
-// OrganicRun is the organic scenario at one schema version.
-type OrganicRun = Run[dispatch.Summary, dispatch.Event]
+// organicRun is the organic scenario at one schema version.
+type organicRun = Run[dispatch.Summary, dispatch.Event]
 
 // OrganicVerdict says whether the runs show the bug below the fix and its
 // absence at the fix, and whether every run conserved its messages.
 type OrganicVerdict struct {
 	Verdict
 	// Conserved: no message was lost or processed twice in any run
-	// (advisory: see Judge).
+	// (advisory: see judge).
 	Conserved bool `json:"conserved"`
 }
 
@@ -174,7 +174,7 @@ type OrganicResult = Result[OrganicSettings, Calibration, dispatch.Summary, disp
 // RunOrganic runs the organic scenario cfg (Schema is ignored) against
 // each schema of schemas (version -> schema name, all in the database of
 // dsn), in ascending version order, and judges the runs. The schemas must
-// already be migrated to their versions (PrepareOrganic does that);
+// already be migrated to their versions (prepareOrganic does that);
 // RunOrganic checks it, and Seed empties each schema's orchestration tables
 // before its run. A zero cfg.LockTimeout is calibrated first, on the lowest
 // version's schema (Calibrate); the same timeout then serves every version.
@@ -198,21 +198,21 @@ func RunOrganic(ctx context.Context, dsn string, schemas map[int]string, cfg dis
 			c.Fetch.Round(time.Millisecond), c.Samples, c.Factor, c.LockTimeout))
 	}
 	cfg = cfg.WithDefaults()
-	res := OrganicResult{Settings: Settings(cfg), Calibration: cal}
-	res.Runs, err = runEach(versions, schemas, func(v int, schema string) (OrganicRun, error) {
+	res := OrganicResult{Settings: settings(cfg), Calibration: cal}
+	res.Runs, err = runEach(versions, schemas, func(v int, schema string) (organicRun, error) {
 		return runOrganicVersion(ctx, dsn, v, schema, cfg, progress)
 	})
 	if err != nil {
 		return res, err
 	}
 	shareHistogramAxis(res.Runs, cfg.LockTimeout.Milliseconds(), dispatch.Remaining)
-	res.Verdict = Judge(res.Runs)
+	res.Verdict = judge(res.Runs)
 	return res, nil
 }
 
-func runOrganicVersion(ctx context.Context, dsn string, version int, schema string, cfg dispatch.Config, progress func(string)) (OrganicRun, error) {
+func runOrganicVersion(ctx context.Context, dsn string, version int, schema string, cfg dispatch.Config, progress func(string)) (organicRun, error) {
 	cfg.Schema = schema
-	run := OrganicRun{Version: version, Schema: schema}
+	run := organicRun{Version: version, Schema: schema}
 	progress(fmt.Sprintf("v%d: seeding %d instance(s) x %d history events of ~%d bytes in schema %s",
 		version, cfg.Instances, cfg.HistoryEvents, cfg.EventBytes, schema))
 	seed, err := dispatch.Seed(ctx, dsn, cfg)
@@ -235,7 +235,7 @@ func runOrganicVersion(ctx context.Context, dsn string, version int, schema stri
 		// The bug is cumulative (attempt_count climbs by one a lost
 		// lease): a version below the fix that has not shown it yet runs
 		// on, on the same queue, rather than fail for a short run.
-		if version >= fix || run.Segments >= MaxBugSegments || Judge([]OrganicRun{run}).Reproduced {
+		if version >= fix || run.Segments >= MaxBugSegments || judge([]organicRun{run}).Reproduced {
 			break
 		}
 		progress(fmt.Sprintf("v%d: bug not shown yet after %v (max attempt_count %d, %.1f%% dead at return): running another %v on the same queue",
@@ -246,7 +246,7 @@ func runOrganicVersion(ctx context.Context, dsn string, version int, schema stri
 		return run, fmt.Errorf("organic v%d: read the queue: %w", version, err)
 	}
 	run.Conservation = conservation(dispatch.Conservation(seed.Messages, run.Events, pending))
-	run.Histogram = RemainingHistogram(run.Events, cfg.LockTimeout.Milliseconds())
+	run.Histogram = remainingHistogram(run.Events, cfg.LockTimeout.Milliseconds())
 	s := run.Summary
 	progress(fmt.Sprintf("v%d: %d fetches, %d (%.1f%%) dead at return, %d more expired in delivery, %d invalid-lock acks (%d of a lease still valid, %d late), max attempt_count %d, %.1f turns/s",
 		version, s.Fetches, s.DeadAtReturn, s.DeadAtReturnPct, s.ExpiredInDelivery, s.InvalidLockAcks,
@@ -254,12 +254,12 @@ func runOrganicVersion(ctx context.Context, dsn string, version int, schema stri
 	return run, nil
 }
 
-// Judge applies the verdict criteria. A version below the fix must
+// judge applies the verdict criteria. A version below the fix must
 // reproduce the bug (over up to MaxBugSegments runs of the configured
-// duration): at least MinBugLeases leases, >= ReproDeadPct% of them
+// duration): at least minBugLeases leases, >= ReproDeadPct% of them
 // dead at return (expired by the database clock when the function
 // returned), >= 1 refused ack, attempt_count > max_attempts. The fix and
-// above must be clean: at least MinFixLeases leases, none dead at return,
+// above must be clean: at least minFixLeases leases, none dead at return,
 // the median lease with at most FixReturnAgeP50Pct% of it used up when the
 // function returned (database clock; a lease that the row's delivery
 // outlived afterwards is reported, not judged: the function cannot
@@ -283,14 +283,14 @@ func runOrganicVersion(ctx context.Context, dsn string, version int, schema stri
 // without consuming the batch (re-tagged by the taker), and the taker
 // processes the same messages again. Seen about once in twenty organic
 // runs, near the lease's end.
-func Judge(runs []OrganicRun) OrganicVerdict {
+func judge(runs []organicRun) OrganicVerdict {
 	_, fix := Versions()
 	j := newJudgement(fix)
 	conserved := true
 	for _, r := range runs {
 		s := r.Summary
 		if j.buggy(r.Version) {
-			j.add(r.Version, "leases returned", fmt.Sprintf(">= %d", MinBugLeases), fmt.Sprint(s.Fetches), s.Fetches >= MinBugLeases, false)
+			j.add(r.Version, "leases returned", fmt.Sprintf(">= %d", minBugLeases), fmt.Sprint(s.Fetches), s.Fetches >= minBugLeases, false)
 			j.add(r.Version, "leases dead at return", fmt.Sprintf(">= %.0f%%", ReproDeadPct),
 				fmt.Sprintf("%.1f%% (%d of %d)", s.DeadAtReturnPct, s.DeadAtReturn, s.Fetches),
 				s.Fetches > 0 && s.DeadAtReturnPct >= ReproDeadPct, false)
@@ -299,7 +299,7 @@ func Judge(runs []OrganicRun) OrganicVerdict {
 			j.add(r.Version, "max attempt_count", fmt.Sprintf("> max_attempts (%d)", s.MaxAttempts),
 				fmt.Sprint(s.MaxAttemptCount), s.ExceededMaxAttempts, false)
 		} else {
-			j.add(r.Version, "leases returned", fmt.Sprintf(">= %d", MinFixLeases), fmt.Sprint(s.Fetches), s.Fetches >= MinFixLeases, false)
+			j.add(r.Version, "leases returned", fmt.Sprintf(">= %d", minFixLeases), fmt.Sprint(s.Fetches), s.Fetches >= minFixLeases, false)
 			j.add(r.Version, "leases dead at return", "0",
 				fmt.Sprintf("%d of %d", s.DeadAtReturn, s.Fetches), s.DeadAtReturn == 0, false)
 			limit := int64(FixReturnAgeP50Pct) * s.LockTimeoutMs / 100
@@ -312,7 +312,7 @@ func Judge(runs []OrganicRun) OrganicVerdict {
 			j.add(r.Version, "refused acks of leases still valid when the ack ran", "0",
 				fmt.Sprintf("%d (of %d refused)", s.RefusedWhileValidAcks, s.InvalidLockAcks), s.RefusedWhileValidAcks == 0, false)
 			j.add(r.Version, "refused acks of leases that had run out (reported, not judged)", "-",
-				LateAcks(s), true, true)
+				lateAcks(s), true, true)
 			// The function raises attempt_count only through a lease dead
 			// at return or an ack refused while valid, both judged above;
 			// past max_attempts without either, late acks (a delivery or a
@@ -335,11 +335,11 @@ func returnAge(s dispatch.Summary) string {
 	return fmt.Sprintf("p50 %d ms (p99 %d, max %d, of %d leases)", s.ReturnAgeP50Ms, s.ReturnAgeP99Ms, s.ReturnAgeMaxMs, s.ReturnAgeSamples)
 }
 
-// LateAcks describes the acks of s refused after their lease ran out:
+// lateAcks describes the acks of s refused after their lease ran out:
 // how many, where the lease ran out, how late (ms past locked_until) and,
 // for those that ran out while the caller processed the turn, how long
 // that took.
-func LateAcks(s dispatch.Summary) string {
+func lateAcks(s dispatch.Summary) string {
 	if s.RefusedLateAcks == 0 {
 		return "0"
 	}

@@ -84,7 +84,7 @@ func TestOrganicScenarioReproducesAt19AndIsCleanAt20(t *testing.T) {
 	require.Equal(t, v20.Summary.Fetches, leases)
 	require.Greater(t, leases, 10)
 	// Every ack read the database clock and its lease in its round trip,
-	// and none was refused while its lease was valid (Judge requires it).
+	// and none was refused while its lease was valid (judge requires it).
 	for _, e := range v20.Events {
 		if e.Kind == dispatch.KindAck && !dispatch.IsUnknown(e.Outcome) {
 			require.Greater(t, e.AckDBStartMs, int64(0), "v20: ack without its clock: %+v", e)

@@ -95,9 +95,9 @@ func buildHistogram(values []int64, lost int, lo, hi, width int64) Histogram {
 	return h
 }
 
-// RemainingHistogram is the histogram of one run's remaining lease at
+// remainingHistogram is the histogram of one run's remaining lease at
 // return, on its own axis.
-func RemainingHistogram(events []dispatch.Event, timeoutMs int64) Histogram {
+func remainingHistogram(events []dispatch.Event, timeoutMs int64) Histogram {
 	values, lost := dispatch.Remaining(events)
 	lo, hi, w := histRange(values, timeoutMs)
 	return buildHistogram(values, lost, lo, hi, w)
@@ -178,9 +178,9 @@ func PrintTable(w io.Writer, res OrganicResult) error {
 			res.Settings.Dispatchers, res.Settings.Instances, res.Settings.HistoryEvents, lock, res.Settings.DurationS))
 }
 
-// OrganicMarkdown renders res as a Markdown section; histogramFile, when
+// organicMarkdown renders res as a Markdown section; histogramFile, when
 // not empty, is the SVG to link.
-func OrganicMarkdown(res OrganicResult, histogramFile string) string {
+func organicMarkdown(res OrganicResult, histogramFile string) string {
 	var b strings.Builder
 	s := res.Settings
 	bug, fix := Versions()
@@ -243,7 +243,7 @@ func WriteReport(dir string, res OrganicResult) error {
 		return err
 	}
 	var svg bytes.Buffer
-	if err := WriteHistogramSVG(&svg, res); err != nil {
+	if err := writeHistogramSVG(&svg, res); err != nil {
 		return err
 	}
 	if err := os.WriteFile(filepath.Join(dir, HistogramFile), svg.Bytes(), 0o644); err != nil {
@@ -251,14 +251,14 @@ func WriteReport(dir string, res OrganicResult) error {
 	}
 	bug, fix := Versions()
 	md := fmt.Sprintf("# duroxide-pg fetch_orchestration_item: lease dead on arrival at %d, valid at %d\n\n", bug, fix) +
-		OrganicMarkdown(res, HistogramFile)
+		organicMarkdown(res, HistogramFile)
 	return os.WriteFile(filepath.Join(dir, ReportFile), []byte(md), 0o644)
 }
 
-// WriteHistogramSVG draws one histogram panel per run, one above the other
+// writeHistogramSVG draws one histogram panel per run, one above the other
 // on a common axis: bars at or below 0 ms (dead on arrival) in red, above
 // in green, leases lost before they could be read as a separate dark bar.
-func WriteHistogramSVG(w io.Writer, res OrganicResult) error {
+func writeHistogramSVG(w io.Writer, res OrganicResult) error {
 	const (
 		width   = 820.0
 		panelH  = 210.0

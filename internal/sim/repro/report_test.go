@@ -28,7 +28,7 @@ func TestHistogramBinsAreAlignedOnZero(t *testing.T) {
 	ev := fetchEvents(-230, -200, -199, -5, 0, 1, 12, 29, 30)
 	ev = append(ev, dispatch.Event{Kind: dispatch.KindFetch, Token: "lost", Outcome: "ok", LeaseLost: true},
 		dispatch.Event{Kind: dispatch.KindFetch, Outcome: dispatch.OutcomeEmpty})
-	h := RemainingHistogram(ev, 30)
+	h := remainingHistogram(ev, 30)
 	require.Equal(t, 1, h.Lost)
 	require.Equal(t, 5, h.Dead)
 	require.Equal(t, 4, h.Live)
@@ -59,7 +59,7 @@ func TestNiceWidth(t *testing.T) {
 }
 
 func sampleResult() OrganicResult {
-	runs := []OrganicRun{
+	runs := []organicRun{
 		{Version: 19, Schema: "organic_v19", Events: fetchEvents(-300, -250, -120, -40, 5), Conservation: "ok",
 			Summary: dispatch.Summary{Fetches: 25, FetchCalls: 45, DeadOnArrival: 20, DeadOnArrivalPct: 80, DeadAtReturn: 20,
 				DeadAtReturnPct: 80, InvalidLockAcks: 20, InvalidLockAckPct: 80, MaxAttemptCount: 61, MaxAttempts: 10,
@@ -73,8 +73,8 @@ func sampleResult() OrganicResult {
 	shareHistogramAxis(runs, 30, dispatch.Remaining)
 	cfg := OrganicDefaults()
 	cfg.LockTimeout = 30 * time.Millisecond
-	res := OrganicResult{Settings: Settings(cfg), Runs: runs}
-	res.Verdict = Judge(runs)
+	res := OrganicResult{Settings: settings(cfg), Runs: runs}
+	res.Verdict = judge(runs)
 	return res
 }
 
@@ -85,10 +85,10 @@ func TestJudge(t *testing.T) {
 	require.True(t, res.Verdict.OK)
 
 	// A lease dead at return at 20 fails the fix; too few at 19 fail the repro.
-	runs := append([]OrganicRun(nil), res.Runs...)
+	runs := append([]organicRun(nil), res.Runs...)
 	runs[1].Summary.DeadAtReturn = 1
 	runs[0].Summary.DeadAtReturnPct = 19.9
-	v := Judge(runs)
+	v := judge(runs)
 	require.False(t, v.Reproduced)
 	require.False(t, v.Fixed)
 	require.False(t, v.OK)
@@ -98,33 +98,33 @@ func TestJudge(t *testing.T) {
 	// raise; a median lease that had used up more than FixReturnAgeP50Pct%
 	// of itself when the function returned fails (a single stalled return
 	// does not), and so does a run whose return clock was never read.
-	runs = append([]OrganicRun(nil), res.Runs...)
+	runs = append([]organicRun(nil), res.Runs...)
 	runs[1].Summary.DeadOnArrival, runs[1].Summary.ExpiredInDelivery, runs[1].Summary.DeliveryMaxMs = 2, 2, 250
 	runs[1].Summary.ExpiredInShortDelivery = 1
 	runs[1].Summary.MaxAttemptCount, runs[1].Summary.ExceededMaxAttempts = 11, true
-	require.True(t, Judge(runs).Fixed)
+	require.True(t, judge(runs).Fixed)
 	runs[1].Summary.ReturnAgeMaxMs = 29
-	require.True(t, Judge(runs).Fixed, "one return stalled near the lease's end is not judged")
+	require.True(t, judge(runs).Fixed, "one return stalled near the lease's end is not judged")
 	runs[1].Summary.ReturnAgeP50Ms = 7
-	require.True(t, Judge(runs).Fixed, "a quarter of the lease used at return, at the median, is the limit")
+	require.True(t, judge(runs).Fixed, "a quarter of the lease used at return, at the median, is the limit")
 	runs[1].Summary.ReturnAgeP50Ms = 8
-	require.False(t, Judge(runs).Fixed)
+	require.False(t, judge(runs).Fixed)
 	runs[1].Summary.ReturnAgeP50Ms, runs[1].Summary.ReturnAgeSamples = 0, 0
-	require.False(t, Judge(runs).Fixed)
+	require.False(t, judge(runs).Fixed)
 	// Below the fix attempt_count is judged: it is the bug's symptom.
-	runs = append([]OrganicRun(nil), res.Runs...)
+	runs = append([]organicRun(nil), res.Runs...)
 	runs[0].Summary.MaxAttemptCount, runs[0].Summary.ExceededMaxAttempts = 10, false
-	require.False(t, Judge(runs).Reproduced)
+	require.False(t, judge(runs).Reproduced)
 
 	// Refused acks count against the fix only when the lease was still
 	// valid when the ack ran; those refused after it ran out are reported
 	// with their lateness, however many.
-	runs = append([]OrganicRun(nil), res.Runs...)
+	runs = append([]organicRun(nil), res.Runs...)
 	runs[1].Summary.InvalidLockAcks, runs[1].Summary.InvalidLockAckPct = 30, 50
 	runs[1].Summary.RefusedLateAcks, runs[1].Summary.LateInProcessing, runs[1].Summary.LateInDelivery = 30, 28, 2
 	runs[1].Summary.LatenessSamples, runs[1].Summary.LatenessMinMs, runs[1].Summary.LatenessP50Ms, runs[1].Summary.LatenessMaxMs = 30, 1, 12, 95
 	runs[1].Summary.LateProcessingP50Ms, runs[1].Summary.LateProcessingMaxMs = 240, 400
-	v = Judge(runs)
+	v = judge(runs)
 	require.True(t, v.Fixed)
 	var late *Check
 	for i, c := range v.Checks {
@@ -136,23 +136,23 @@ func TestJudge(t *testing.T) {
 	require.True(t, late.Advisory && late.Pass, "reported, not judged")
 	require.Equal(t, "30 (ran out: 0 at return, 2 in delivery, 28 in processing); late by min/p50/max 1/12/95 ms; processing p50/max 240/400 ms", late.Got)
 	runs[1].Summary.RefusedWhileValidAcks = 1
-	require.False(t, Judge(runs).Fixed, "one ack refused while its lease was valid fails the fix")
+	require.False(t, judge(runs).Fixed, "one ack refused while its lease was valid fails the fix")
 	// Below the fix, the refusals' causes are not judged.
-	runs = append([]OrganicRun(nil), res.Runs...)
+	runs = append([]organicRun(nil), res.Runs...)
 	runs[0].Summary.RefusedWhileValidAcks = 5
-	require.True(t, Judge(runs).Reproduced)
+	require.True(t, judge(runs).Reproduced)
 
 	// Shares of a handful are not judged: too few leases fail either side.
-	runs = append([]OrganicRun(nil), res.Runs...)
-	runs[0].Summary.Fetches = MinBugLeases - 1
-	runs[1].Summary.Fetches = MinFixLeases - 1
-	v = Judge(runs)
+	runs = append([]organicRun(nil), res.Runs...)
+	runs[0].Summary.Fetches = minBugLeases - 1
+	runs[1].Summary.Fetches = minFixLeases - 1
+	v = judge(runs)
 	require.False(t, v.Reproduced)
 	require.False(t, v.Fixed)
 	// A lost or doubled message is advisory: reported, not decisive.
-	runs = append([]OrganicRun(nil), res.Runs...)
+	runs = append([]organicRun(nil), res.Runs...)
 	runs[1].Conservation = "messages not conserved: m-1-1 consumed 2 times, pending 0 times"
-	v = Judge(runs)
+	v = judge(runs)
 	require.True(t, v.OK)
 	require.False(t, v.Conserved)
 	var sawAdvisory bool
@@ -163,7 +163,7 @@ func TestJudge(t *testing.T) {
 	}
 	require.True(t, sawAdvisory)
 	// Only one version: not OK.
-	v = Judge(res.Runs[:1])
+	v = judge(res.Runs[:1])
 	require.True(t, v.Reproduced)
 	require.False(t, v.OK)
 }

@@ -179,7 +179,7 @@ func (j *judgement) verdict() Verdict {
 
 // prepare migrates each schema of schemas (version -> schema name) in the
 // database of dsn to its version and returns them, as RunOrganic and
-// RunWorker take them; scenario names the caller in errors.
+// runWorker take them; scenario names the caller in errors.
 func prepare(ctx context.Context, dsn, scenario string, schemas map[int]string) (map[int]string, error) {
 	out := map[int]string{}
 	for v, schema := range schemas {

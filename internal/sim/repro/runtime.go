@@ -386,8 +386,8 @@ func PrintRuntime(w io.Writer, r RuntimeResult) error {
 	return err
 }
 
-// RuntimeMarkdown renders r as a Markdown section: the table in a code block.
-func RuntimeMarkdown(r RuntimeResult) string {
+// runtimeMarkdown renders r as a Markdown section: the table in a code block.
+func runtimeMarkdown(r RuntimeResult) string {
 	var b strings.Builder
 	b.WriteString("## The real runtime (runtime repro)\n\n```\n")
 	_ = PrintRuntime(&b, r)

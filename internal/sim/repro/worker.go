@@ -20,14 +20,14 @@ import (
 // enough leases: a run with fewer fails its "leases returned" check (run it
 // longer) rather than pass or fail on a handful.
 const (
-	MinWorkerBugLeases = 50
-	MinWorkerFixLeases = 100
-	// WorkerLockTimeoutFactor: the calibrated lock timeout is this many
+	minWorkerBugLeases = 50
+	minWorkerFixLeases = 100
+	// workerLockTimeoutFactor: the calibrated lock timeout is this many
 	// uncontended fetch+ack cycles, rounded up to whole seconds, at least
 	// WorkerMinLockTimeout.
-	WorkerLockTimeoutFactor = 100
+	workerLockTimeoutFactor = 100
 	WorkerMinLockTimeout    = 2 * time.Second
-	WorkerMaxLockTimeout    = 30 * time.Second
+	workerMaxLockTimeout    = 30 * time.Second
 )
 
 // WorkerDefaults is the full worker scenario (`make repro`): 4 runtimes of
@@ -40,11 +40,11 @@ const (
 // with all its owner ids) and calls cleanup_orphaned_sessions every lock
 // timeout. 10 s per version, poll interval 100 ms.
 //
-// The lock timeout T is calibrated (LockTimeout 0): WorkerLockTimeoutFactor
+// The lock timeout T is calibrated (LockTimeout 0): workerLockTimeoutFactor
 // times the median of 9 uncontended fetch+ack cycles, rounded up to whole
 // seconds (duroxide-pg renews in whole seconds), at least 2 s so that an
 // activity renewed every dispatch.RenewalInterval(T) (1 s) can outlast it.
-// Everything else scales with T (WorkerTimes): activities run up to T/20,
+// Everything else scales with T (workerTimes): activities run up to T/20,
 // one in 8 runs long, 0.6-0.8 T, and is renewed while it runs; the
 // runtimes' clocks are spread over [-1.5 T, +0.3 T].
 //
@@ -82,16 +82,16 @@ func WorkerDefaults() worker.Config {
 	}
 }
 
-// WorkerShort is WorkerDefaults cut to 5 s per version, for the test suite.
-func WorkerShort() worker.Config {
+// workerShort is WorkerDefaults cut to 5 s per version, for the test suite.
+func workerShort() worker.Config {
 	c := WorkerDefaults()
 	c.Duration = 5 * time.Second
 	return c
 }
 
-// WorkerTimes fills the zero activity times and skews of cfg in
+// workerTimes fills the zero activity times and skews of cfg in
 // proportion to its lock timeout (see WorkerDefaults).
-func WorkerTimes(cfg worker.Config) worker.Config {
+func workerTimes(cfg worker.Config) worker.Config {
 	t := cfg.LockTimeout
 	set := func(p *time.Duration, v time.Duration) {
 		if *p == 0 {
@@ -106,17 +106,17 @@ func WorkerTimes(cfg worker.Config) worker.Config {
 	return cfg
 }
 
-// WorkerSchemas are the schemas PrepareWorker migrates, by version:
+// workerSchemas are the schemas prepareWorker migrates, by version:
 // worker_vN for each of WorkerVersions.
-func WorkerSchemas() map[int]string {
+func workerSchemas() map[int]string {
 	bug, fix := WorkerVersions()
 	return schemasOf("worker", bug, fix)
 }
 
-// PrepareWorker migrates WorkerSchemas in the database of dsn, each to its
-// version. It returns the map RunWorker takes.
-func PrepareWorker(ctx context.Context, dsn string) (map[int]string, error) {
-	return prepare(ctx, dsn, "worker", WorkerSchemas())
+// prepareWorker migrates workerSchemas in the database of dsn, each to its
+// version. It returns the map runWorker takes.
+func prepareWorker(ctx context.Context, dsn string) (map[int]string, error) {
+	return prepare(ctx, dsn, "worker", workerSchemas())
 }
 
 // WorkerSettings echoes the scenario's settings in readable units.
@@ -154,9 +154,9 @@ type WorkerCalibration struct {
 	LockTimeoutMs int64   `json:"lock_timeout_ms"`
 }
 
-// CalibrateWorker measures the median of 9 uncontended fetch+ack cycles on
+// calibrateWorker measures the median of 9 uncontended fetch+ack cycles on
 // schema and derives the lock timeout (see WorkerDefaults).
-func CalibrateWorker(ctx context.Context, dsn, schema string) (WorkerCalibration, error) {
+func calibrateWorker(ctx context.Context, dsn, schema string) (WorkerCalibration, error) {
 	const samples = 9
 	lat, err := worker.MeasureCycle(ctx, dsn, schema, samples)
 	if err != nil {
@@ -164,32 +164,32 @@ func CalibrateWorker(ctx context.Context, dsn, schema string) (WorkerCalibration
 	}
 	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
 	median := lat[samples/2]
-	t := WorkerLockTimeoutFactor * median
+	t := workerLockTimeoutFactor * median
 	t = ((t + time.Second - 1) / time.Second) * time.Second
-	t = min(max(t, WorkerMinLockTimeout), WorkerMaxLockTimeout)
+	t = min(max(t, WorkerMinLockTimeout), workerMaxLockTimeout)
 	return WorkerCalibration{Schema: schema, Samples: samples, CycleMs: float64(median.Microseconds()) / 1000,
 		LockTimeoutMs: t.Milliseconds()}, nil
 }
 
-// WorkerRun is the worker scenario at one schema version; its
+// workerRun is the worker scenario at one schema version; its
 // Histogram is of the remaining lease at return by the database clock.
-type WorkerRun = Run[worker.Summary, worker.Event]
+type workerRun = Run[worker.Summary, worker.Event]
 
 // WorkerVerdict says whether the runs show the bug before the fix and its
 // absence after.
 type WorkerVerdict = Verdict
 
-// WorkerResult is what RunWorker returns; it serialises to stable
+// WorkerResult is what runWorker returns; it serialises to stable
 // snake_case JSON.
 type WorkerResult = Result[WorkerSettings, WorkerCalibration, worker.Summary, worker.Event, WorkerVerdict]
 
-// RunWorker runs the worker scenario cfg (Schema is ignored) against each
-// schema of schemas (version -> schema, migrated: PrepareWorker), in
+// runWorker runs the worker scenario cfg (Schema is ignored) against each
+// schema of schemas (version -> schema, migrated: prepareWorker), in
 // ascending version order, and judges the runs. A zero cfg.LockTimeout is
 // calibrated first on the lowest version's schema; zero activity times and
-// skews then scale with the timeout (WorkerTimes). progress, when not nil,
+// skews then scale with the timeout (workerTimes). progress, when not nil,
 // receives one line per step.
-func RunWorker(ctx context.Context, dsn string, schemas map[int]string, cfg worker.Config, progress func(string)) (WorkerResult, error) {
+func runWorker(ctx context.Context, dsn string, schemas map[int]string, cfg worker.Config, progress func(string)) (WorkerResult, error) {
 	progress = quiet(progress)
 	versions, err := checkSchemas(ctx, dsn, schemas, "worker", "PrepareWorker")
 	if err != nil {
@@ -197,31 +197,31 @@ func RunWorker(ctx context.Context, dsn string, schemas map[int]string, cfg work
 	}
 	res := WorkerResult{}
 	if cfg.LockTimeout == 0 {
-		c, err := CalibrateWorker(ctx, dsn, schemas[versions[0]])
+		c, err := calibrateWorker(ctx, dsn, schemas[versions[0]])
 		if err != nil {
 			return res, err
 		}
 		res.Calibration = &c
 		cfg.LockTimeout = time.Duration(c.LockTimeoutMs) * time.Millisecond
 		progress(fmt.Sprintf("worker calibration: one uncontended fetch+ack cycle takes %.1f ms (median of %d); lock timeout %d x that, in whole seconds, at least %v: %v",
-			c.CycleMs, c.Samples, WorkerLockTimeoutFactor, WorkerMinLockTimeout, cfg.LockTimeout))
+			c.CycleMs, c.Samples, workerLockTimeoutFactor, WorkerMinLockTimeout, cfg.LockTimeout))
 	}
-	cfg = WorkerTimes(cfg.WithDefaults())
+	cfg = workerTimes(cfg.WithDefaults())
 	res.Settings = workerSettings(cfg)
-	res.Runs, err = runEach(versions, schemas, func(v int, schema string) (WorkerRun, error) {
+	res.Runs, err = runEach(versions, schemas, func(v int, schema string) (workerRun, error) {
 		return runWorkerVersion(ctx, dsn, v, schema, cfg, progress)
 	})
 	if err != nil {
 		return res, err
 	}
 	shareHistogramAxis(res.Runs, cfg.LockTimeout.Milliseconds(), worker.Remaining)
-	res.Verdict = JudgeWorker(res.Runs)
+	res.Verdict = judgeWorker(res.Runs)
 	return res, nil
 }
 
-func runWorkerVersion(ctx context.Context, dsn string, version int, schema string, cfg worker.Config, progress func(string)) (WorkerRun, error) {
+func runWorkerVersion(ctx context.Context, dsn string, version int, schema string, cfg worker.Config, progress func(string)) (workerRun, error) {
 	cfg.Schema = schema
-	run := WorkerRun{Version: version, Schema: schema}
+	run := workerRun{Version: version, Schema: schema}
 	seed, err := worker.Seed(ctx, dsn, cfg)
 	if err != nil {
 		return run, fmt.Errorf("worker v%d: %w", version, err)
@@ -245,27 +245,27 @@ func runWorkerVersion(ctx context.Context, dsn string, version int, schema strin
 	return run, nil
 }
 
-// JudgeWorker applies the verdict criteria. A version below the fix must
-// show the bug: at least MinWorkerBugLeases leases, and at least one
+// judgeWorker applies the verdict criteria. A version below the fix must
+// show the bug: at least minWorkerBugLeases leases, and at least one
 // ack_worker refused or one fetch blocked on a session row. The fix must be
-// clean: at least MinWorkerFixLeases leases, no refused ack, no blocked
+// clean: at least minWorkerFixLeases leases, no refused ack, no blocked
 // fetch, no lease dead at return, no item delivered twice, every item
 // completed exactly once or still queued. Conservation is advisory below
 // the fix.
-func JudgeWorker(runs []WorkerRun) WorkerVerdict {
+func judgeWorker(runs []workerRun) WorkerVerdict {
 	_, fix := WorkerVersions()
 	j := newJudgement(fix)
 	for _, r := range runs {
 		s := r.Summary
 		if j.buggy(r.Version) {
-			j.add(r.Version, "leases returned", fmt.Sprintf(">= %d", MinWorkerBugLeases), fmt.Sprint(s.Fetches), s.Fetches >= MinWorkerBugLeases, false)
+			j.add(r.Version, "leases returned", fmt.Sprintf(">= %d", minWorkerBugLeases), fmt.Sprint(s.Fetches), s.Fetches >= minWorkerBugLeases, false)
 			j.add(r.Version, "refused ack_worker calls or blocked session fetches", ">= 1",
 				fmt.Sprintf("%d refused, %d blocked", s.RefusedAcks, s.BlockedFetches), s.RefusedAcks+s.BlockedFetches >= 1, false)
 			j.add(r.Version, "leases dead at return (advisory)", ">= 1", fmt.Sprintf("%d of %d", s.DeadAtReturn, s.Fetches), s.DeadAtReturn >= 1, true)
 			j.add(r.Version, "items conserved (advisory)", "ok", r.Conservation, r.Conservation == "ok", true)
 			continue
 		}
-		j.add(r.Version, "leases returned", fmt.Sprintf(">= %d", MinWorkerFixLeases), fmt.Sprint(s.Fetches), s.Fetches >= MinWorkerFixLeases, false)
+		j.add(r.Version, "leases returned", fmt.Sprintf(">= %d", minWorkerFixLeases), fmt.Sprint(s.Fetches), s.Fetches >= minWorkerFixLeases, false)
 		j.add(r.Version, "refused ack_worker calls", "0", fmt.Sprint(s.RefusedAcks), s.RefusedAcks == 0, false)
 		j.add(r.Version, "blocked session fetches", "0", fmt.Sprintf("%d (max %d ms)", s.BlockedFetches, s.MaxBlockedMs), s.BlockedFetches == 0, false)
 		j.add(r.Version, "leases dead at return", "0", fmt.Sprintf("%d of %d", s.DeadAtReturn, s.Fetches), s.DeadAtReturn == 0, false)
@@ -309,9 +309,9 @@ func workerRows() []rowDef[worker.Summary] {
 	}
 }
 
-// PrintWorkerTable writes the side-by-side table of res to w, then the
+// printWorkerTable writes the side-by-side table of res to w, then the
 // criteria that failed.
-func PrintWorkerTable(w io.Writer, res WorkerResult) error {
+func printWorkerTable(w io.Writer, res WorkerResult) error {
 	header, rows := sideBySide(res.Runs, workerRows())
 	s := res.Settings
 	lock := fmt.Sprintf("lock timeout %d ms", s.LockTimeoutMs)
@@ -333,9 +333,9 @@ func PrintWorkerTable(w io.Writer, res WorkerResult) error {
 	return nil
 }
 
-// WorkerMarkdown renders res as a Markdown section, with a text histogram
+// workerMarkdown renders res as a Markdown section, with a text histogram
 // of the remaining lease at return per version.
-func WorkerMarkdown(res WorkerResult) string {
+func workerMarkdown(res WorkerResult) string {
 	var b strings.Builder
 	s := res.Settings
 	fmt.Fprintf(&b, "## Worker scenario: simulated activity workers at versions %s\n\n", versionList(res.Runs))
@@ -347,7 +347,7 @@ func WorkerMarkdown(res WorkerResult) string {
 		s.LongActivityMinMs, s.LongActivityMaxMs, s.SkewBehindMs, s.SkewAheadMs, s.DurationS)
 	if c := res.Calibration; c != nil {
 		fmt.Fprintf(&b, "The lock timeout was calibrated: an uncontended fetch+ack cycle took %.1f ms (median of %d, schema %s); "+
-			"%d times that, in whole seconds, at least %v: %d ms.\n\n", c.CycleMs, c.Samples, c.Schema, WorkerLockTimeoutFactor,
+			"%d times that, in whole seconds, at least %v: %d ms.\n\n", c.CycleMs, c.Samples, c.Schema, workerLockTimeoutFactor,
 			WorkerMinLockTimeout, c.LockTimeoutMs)
 	}
 	header, rows := sideBySide(res.Runs, workerRows())

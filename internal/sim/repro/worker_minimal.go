@@ -302,7 +302,7 @@ func PrintWorkerMinimal(w io.Writer, results []WorkerMinimalResult) error {
 	fmt.Fprintf(w, "worker minimal repro: fetch_work_item with p_now_ms %d ms stale and a %d ms lock timeout, then ack_worker; "+
 		"a session fetch while another transaction holds the session's row (%d ms)\n\n",
 		results[0].StaleMs, results[0].LockTimeoutMs, results[0].HoldMs)
-	return printPair(w, results, WorkerMinimalRows(results))
+	return printPair(w, results, workerMinimalRows(results))
 }
 
 // WorkerMinimalMarkdown renders the worker minimal repro as a Markdown
@@ -319,14 +319,14 @@ func WorkerMinimalMarkdown(results []WorkerMinimalResult) string {
 		"Blocked session fetch: items of sessions s1, s1, s2; owner w2 fetches the first, another transaction holds session s1's row "+
 		"(an uncommitted renew_session_lock) for %d ms once w2's next fetch is seen waiting on it.\n\n",
 		r0.StaleMs, r0.LockTimeoutMs, r0.HoldMs)
-	rows := WorkerMinimalRows(results)
+	rows := workerMinimalRows(results)
 	writeMarkdownTable(&b, rows[0], rows[1:])
 	return b.String()
 }
 
-// WorkerMinimalRows are the side-by-side rows: a header, then label and one
+// workerMinimalRows are the side-by-side rows: a header, then label and one
 // cell per version.
-func WorkerMinimalRows(results []WorkerMinimalResult) [][]string {
+func workerMinimalRows(results []WorkerMinimalResult) [][]string {
 	return append([][]string{versionHeader(results)}, rowsOf(results, []rowDef[WorkerMinimalResult]{
 		{"stale fetch: row returned", func(r WorkerMinimalResult) string { return fmt.Sprint(r.Fetched) }},
 		{"remaining lease at return (ms, db clock)", func(r WorkerMinimalResult) string { return fmt.Sprintf("%+d", r.RemainingMs) }},

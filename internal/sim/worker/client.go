@@ -33,9 +33,9 @@ func NewClient(schema string) Client { return Client{schema: pgx.Identifier{sche
 // Tag modes of fetch_work_item (duroxide-pg's mapping of TagFilter).
 const (
 	ModeDefaultOnly = "default_only"
-	ModeTags        = "tags"
-	ModeDefaultAnd  = "default_and"
-	ModeAny         = "any"
+	modeTags        = "tags"
+	modeDefaultAnd  = "default_and"
+	modeAny         = "any"
 )
 
 // Filter is a fetcher's tag filter: a mode and its tag names (sorted, an
@@ -241,17 +241,17 @@ func (c Client) CleanupSessions(ctx context.Context, q Querier, nowMs int64) (in
 // the token: 'Worker queue item not found or already processed'.
 func IsNotFound(err error) bool { return pgMessageContains(err, "Worker queue item not found") }
 
-// IsRenewRefused reports a renew_work_item_lock refused: 'Lock token
+// isRenewRefused reports a renew_work_item_lock refused: 'Lock token
 // invalid, expired, or already acked'.
-func IsRenewRefused(err error) bool { return pgMessageContains(err, "Lock token invalid") }
+func isRenewRefused(err error) bool { return pgMessageContains(err, "Lock token invalid") }
 
 func pgMessageContains(err error, s string) bool {
 	var pg *pgconn.PgError
 	return errors.As(err, &pg) && strings.Contains(pg.Message, s)
 }
 
-// SQLState returns the SQLSTATE of a PostgreSQL error, or "".
-func SQLState(err error) string {
+// sqlState returns the SQLSTATE of a PostgreSQL error, or "".
+func sqlState(err error) string {
 	var pg *pgconn.PgError
 	if errors.As(err, &pg) {
 		return pg.Code

@@ -13,19 +13,19 @@ type Kind string
 
 // The kinds of Event.
 const (
-	KindFetch        Kind = "fetch"         // fetch_work_item, with or without a row
+	kindFetch        Kind = "fetch"         // fetch_work_item, with or without a row
 	KindAck          Kind = "ack"           // ack_worker with the activity's completion
-	KindRenew        Kind = "renew"         // renew_work_item_lock during a long activity
-	KindRenewSession Kind = "renew_session" // a runtime's renew_session_lock
-	KindCleanup      Kind = "cleanup"       // a runtime's cleanup_orphaned_sessions
+	kindRenew        Kind = "renew"         // renew_work_item_lock during a long activity
+	kindRenewSession Kind = "renew_session" // a runtime's renew_session_lock
+	kindCleanup      Kind = "cleanup"       // a runtime's cleanup_orphaned_sessions
 	KindEnqueue      Kind = "enqueue"       // enqueue_worker_work of a replacement item (Refill)
 )
 
 // Outcomes other than an error text.
 const (
 	OutcomeOK      = "ok"
-	OutcomeEmpty   = "empty"   // a fetch that returned no row
-	OutcomeRefused = "refused" // ack 'Worker queue item not found…', renew 'Lock token invalid…'
+	outcomeEmpty   = "empty"   // a fetch that returned no row
+	outcomeRefused = "refused" // ack 'Worker queue item not found…', renew 'Lock token invalid…'
 )
 
 // Event is one provider call of a simulated worker. Times are epoch
@@ -69,7 +69,7 @@ type Event struct {
 }
 
 // HasRow reports a fetch that returned a row (a lease).
-func (e Event) HasRow() bool { return e.Kind == KindFetch && e.Token != "" }
+func (e Event) HasRow() bool { return e.Kind == kindFetch && e.Token != "" }
 
 // Lease is a fetched lease's RemainingMs and LeaseLost (eventlog.Leased).
 func (e Event) Lease() (remainingMs int64, lost bool) { return e.RemainingMs, e.LeaseLost }
@@ -83,8 +83,8 @@ func (e Event) DeadAtReturn() bool {
 // Log collects the events of a run; it is safe for concurrent use.
 type Log = eventlog.Log[Event]
 
-// NewLog returns an empty log.
-func NewLog() *Log { return eventlog.New[Event]() }
+// newLog returns an empty log.
+func newLog() *Log { return eventlog.New[Event]() }
 
 // Summary reduces a run's events. Field names are stable (JSON).
 type Summary struct {
@@ -152,7 +152,7 @@ func Summarize(events []Event, elapsed time.Duration) Summary {
 	noteErr := func(e Event) { s.Note(string(e.Kind), e.Outcome) }
 	for _, e := range events {
 		switch e.Kind {
-		case KindFetch:
+		case kindFetch:
 			s.FetchCalls++
 			anyLat = append(anyLat, e.LatencyUs)
 			if e.Blocked {
@@ -174,7 +174,7 @@ func Summarize(events []Event, elapsed time.Duration) Summary {
 				if !e.LeaseLost {
 					remaining = append(remaining, e.RemainingMs)
 				}
-			case e.Outcome == OutcomeEmpty:
+			case e.Outcome == outcomeEmpty:
 				s.EmptyFetches++
 			default:
 				s.FetchErrors++
@@ -187,24 +187,24 @@ func Summarize(events []Event, elapsed time.Duration) Summary {
 			case OutcomeOK:
 				s.Completed++
 				cycle = append(cycle, e.CycleUs)
-			case OutcomeRefused:
+			case outcomeRefused:
 				s.RefusedAcks++
 			default:
 				s.AckErrors++
 				noteErr(e)
 			}
-		case KindRenew:
+		case kindRenew:
 			s.Renewals++
 			if e.Outcome != OutcomeOK {
 				s.RenewalsRefused++
 			}
-		case KindRenewSession:
+		case kindRenewSession:
 			s.SessionRenewals++
 			s.SessionsRenewed += e.Count
 			if e.Outcome != OutcomeOK {
 				noteErr(e)
 			}
-		case KindCleanup:
+		case kindCleanup:
 			s.Cleanups++
 			s.SessionsCleaned += e.Count
 			if e.Outcome != OutcomeOK {

@@ -9,7 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// lockWatcher samples the database's backends every LockWatchInterval and
+// lockWatcher samples the database's backends every lockWatchInterval and
 // records every fetch_work_item statement it sees waiting on a row lock
 // (wait_event_type 'Lock', wait_event 'transactionid' or 'tuple': another
 // transaction's row, such as a session row), with when the wait started.
@@ -50,11 +50,11 @@ WHERE a.datname = current_database() AND a.pid <> pg_backend_pid()
 // run samples until ctx ends.
 func (lw *lockWatcher) run(ctx context.Context) error {
 	query := watchQuery
-	tick := time.NewTicker(LockWatchInterval)
+	tick := time.NewTicker(lockWatchInterval)
 	defer tick.Stop()
 	for {
 		err := lw.sample(ctx, query)
-		if SQLState(err) == "42703" && query == watchQuery { // no waitstart column
+		if sqlState(err) == "42703" && query == watchQuery { // no waitstart column
 			query = watchQueryNoWaitstart
 			continue
 		}
@@ -102,7 +102,7 @@ func (lw *lockWatcher) sample(ctx context.Context, query string) error {
 func (lw *lockWatcher) attribute(events []Event) {
 	byPID := map[uint32][]int{}
 	for i, e := range events {
-		if e.Kind == KindFetch && e.DBReturnMs > 0 {
+		if e.Kind == kindFetch && e.DBReturnMs > 0 {
 			byPID[e.PID] = append(byPID[e.PID], i)
 		}
 	}

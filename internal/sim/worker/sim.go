@@ -85,20 +85,20 @@ type Config struct {
 // Defaults.
 const (
 	DefaultRuntimes     = 4
-	DefaultSlots        = 4
-	DefaultItems        = 400
+	defaultSlots        = 4
+	defaultItems        = 400
 	DefaultLockTimeout  = 2 * time.Second
-	DefaultPollInterval = simconfig.DefaultPollInterval
-	DefaultDuration     = simconfig.DefaultDuration
-	// LockWatchInterval is how often WatchLocks samples.
-	LockWatchInterval = 5 * time.Millisecond
+	defaultPollInterval = simconfig.DefaultPollInterval
+	defaultDuration     = simconfig.DefaultDuration
+	// lockWatchInterval is how often WatchLocks samples.
+	lockWatchInterval = 5 * time.Millisecond
 )
 
 // WithDefaults fills the zero fields.
 func (c Config) WithDefaults() Config {
 	defaults.Set(&c.Runtimes, DefaultRuntimes)
-	defaults.Set(&c.Slots, DefaultSlots)
-	defaults.Set(&c.Items, DefaultItems)
+	defaults.Set(&c.Slots, defaultSlots)
+	defaults.Set(&c.Items, defaultItems)
 	c.Run = c.Run.WithDefaults(DefaultLockTimeout)
 	defaults.Set(&c.SessionLockTimeout, c.LockTimeout)
 	defaults.Set(&c.SessionIdle, 4*c.SessionLockTimeout)
@@ -170,13 +170,13 @@ func (c Config) FilterFor(g int) Filter {
 	}
 	switch g % 4 {
 	case 0:
-		return Filter{Mode: ModeAny}
+		return Filter{Mode: modeAny}
 	case 1:
-		return Filter{Mode: ModeDefaultAnd, Tags: []string{"gpu"}}
+		return Filter{Mode: modeDefaultAnd, Tags: []string{"gpu"}}
 	case 2:
 		return Filter{Mode: ModeDefaultOnly}
 	default:
-		return Filter{Mode: ModeTags, Tags: []string{"gpu", "io"}}
+		return Filter{Mode: modeTags, Tags: []string{"gpu", "io"}}
 	}
 }
 
@@ -224,7 +224,7 @@ func Run(ctx context.Context, dsn string, cfg Config) (*Log, error) {
 
 	runCtx, stop := context.WithTimeout(ctx, cfg.Duration)
 	defer stop()
-	r := &run{cfg: cfg, client: NewClient(cfg.Schema), log: NewLog(), stop: stop}
+	r := &run{cfg: cfg, client: NewClient(cfg.Schema), log: newLog(), stop: stop}
 	r.nextItem.Store(int64(cfg.Items))
 
 	var slots []*slot
@@ -362,7 +362,7 @@ func (w *slot) fetch(ctx context.Context) (*Fetched, error) {
 		f, dbReturn, err = w.client.Fetch(ctx, w.conn, now, w.cfg.LockTimeout.Milliseconds(), w.session, w.filter)
 		return err
 	})
-	ev := w.event(KindFetch)
+	ev := w.event(kindFetch)
 	ev.CallerBeforeMs, ev.CallerAfterMs, ev.LatencyUs, ev.DBReturnMs = before, after, lat, dbReturn
 	switch {
 	case err != nil && f == nil:
@@ -373,7 +373,7 @@ func (w *slot) fetch(ctx context.Context) (*Fetched, error) {
 		w.log.Add(ev)
 		return nil, err
 	case f == nil:
-		ev.Outcome = OutcomeEmpty
+		ev.Outcome = outcomeEmpty
 		w.log.Add(ev)
 		return nil, nil
 	}
@@ -453,9 +453,9 @@ func (w *slot) startRenewal(ctx context.Context, f *Fetched) func() {
 			return w.client.RenewItem(rctx, w.conn, f.LockToken, now, extendSecs)
 		})
 		return func() {
-			ev := w.event(KindRenew)
+			ev := w.event(kindRenew)
 			ev.Item, ev.Session, ev.Token = f.Item.ID, f.Item.SessionID, f.LockToken
-			ev.CallerBeforeMs, ev.CallerAfterMs, ev.LatencyUs, ev.Outcome = before, after, lat, outcome(err, IsRenewRefused)
+			ev.CallerBeforeMs, ev.CallerAfterMs, ev.LatencyUs, ev.Outcome = before, after, lat, outcome(err, isRenewRefused)
 			w.log.Add(ev)
 		}, err
 	})
@@ -478,19 +478,19 @@ func (rl *runtimeLoop) loop(ctx context.Context) {
 	cleanup := time.NewTicker(rl.cfg.CleanupEvery)
 	defer cleanup.Stop()
 	for {
-		kind := KindRenewSession
+		kind := kindRenewSession
 		select {
 		case <-ctx.Done():
 			return
 		case <-renew.C:
 		case <-cleanup.C:
-			kind = KindCleanup
+			kind = kindCleanup
 		}
 		start := time.Now()
 		now := rl.clock.NowMs()
 		var n int64
 		var err error
-		if kind == KindRenewSession {
+		if kind == kindRenewSession {
 			n, err = rl.client.RenewSessions(ctx, rl.conn, rl.owners, now, rl.cfg.SessionLockTimeout.Milliseconds(), rl.cfg.SessionIdle.Milliseconds())
 		} else {
 			n, err = rl.client.CleanupSessions(ctx, rl.conn, now)
@@ -509,7 +509,7 @@ func outcome(err error, refused func(error) bool) string {
 	case err == nil:
 		return OutcomeOK
 	case refused != nil && refused(err):
-		return OutcomeRefused
+		return outcomeRefused
 	default:
 		return err.Error()
 	}

@@ -11,9 +11,9 @@ import (
 	"github.com/ory/dockertest/v3/docker"
 )
 
-// DefaultImage is the image the docker backend runs unless HARNESS_PG_IMAGE
+// defaultImage is the image the docker backend runs unless HARNESS_PG_IMAGE
 // names another.
-const DefaultImage = "postgres:16-alpine"
+const defaultImage = "postgres:16-alpine"
 
 // dockerServer is a container started with dockertest and purged on close.
 type dockerServer struct {
@@ -22,11 +22,11 @@ type dockerServer struct {
 	cfg      *pgx.ConnConfig
 }
 
-// ImageRef splits an image reference such as "postgres:16-alpine" into
+// imageRef splits an image reference such as "postgres:16-alpine" into
 // repository and tag (tag "latest" when absent).
-func ImageRef(image string) (repo, tag string) {
+func imageRef(image string) (repo, tag string) {
 	if image == "" {
-		image = DefaultImage
+		image = defaultImage
 	}
 	// A colon after the last slash separates the tag; one before it is a
 	// registry port.
@@ -53,7 +53,7 @@ func startDocker(ctx context.Context, opts Options) (*dockerServer, error) {
 	if err := pool.Client.Ping(); err != nil {
 		return nil, fmt.Errorf("%w: no Docker daemon answers (%v)", ErrUnavailable, err)
 	}
-	repo, tag := ImageRef(opts.Image)
+	repo, tag := imageRef(opts.Image)
 	opts.Logf("pgtest: starting container %s:%s", repo, tag)
 	cmd := []string{"postgres", "-c", "fsync=off", "-c", "max_connections=300"}
 	if len(opts.Preload) > 0 {

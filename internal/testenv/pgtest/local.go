@@ -20,7 +20,7 @@ import (
 )
 
 // tempPrefix names the directories the local backend creates under the
-// system temp dir; SweepStale removes leftovers whose server is gone.
+// system temp dir; sweepStale removes leftovers whose server is gone.
 const tempPrefix = "harness-pg-"
 
 // localServer is a postmaster this process started in a temp directory.
@@ -37,10 +37,10 @@ type localServer struct {
 	preload string
 }
 
-// FindBinaries returns the directory holding initdb, pg_ctl and postgres:
+// findBinaries returns the directory holding initdb, pg_ctl and postgres:
 // pgBin when set, else the one on PATH, else the newest
 // /usr/lib/postgresql/*/bin.
-func FindBinaries(pgBin string) (string, error) {
+func findBinaries(pgBin string) (string, error) {
 	need := []string{"initdb", "pg_ctl", "postgres"}
 	has := func(dir string) bool {
 		for _, n := range need {
@@ -90,11 +90,11 @@ func unprivileged() (*syscall.Credential, error) {
 }
 
 func startLocal(ctx context.Context, opts Options) (*localServer, error) {
-	bin, err := FindBinaries(opts.PGBin)
+	bin, err := findBinaries(opts.PGBin)
 	if err != nil {
 		return nil, err
 	}
-	SweepStale(opts.Logf)
+	sweepStale(opts.Logf)
 	s := &localServer{bin: bin, logs: &bytes.Buffer{}, done: make(chan error, 1), preload: shippedLibraries(bin, opts.Preload)}
 	if os.Geteuid() == 0 {
 		if s.cred, err = unprivileged(); err != nil {
@@ -247,10 +247,10 @@ func freePort() (int, error) {
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
-// SweepStale removes temp directories of local servers whose postmaster is
+// sweepStale removes temp directories of local servers whose postmaster is
 // no longer running (left behind by a process that was killed before it
 // could clean up).
-func SweepStale(logf func(string, ...any)) {
+func sweepStale(logf func(string, ...any)) {
 	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), tempPrefix+"*"))
 	for _, d := range dirs {
 		st, err := os.Stat(d)

@@ -23,8 +23,8 @@ import (
 // bouncerPIDFile holds the pid of the pgbouncer a directory belongs to.
 const bouncerPIDFile = "bouncer.pid"
 
-// EnvPgBouncer names the variable that points at a pgbouncer binary.
-const EnvPgBouncer = "PGBOUNCER"
+// envPgBouncer names the variable that points at a pgbouncer binary.
+const envPgBouncer = "PGBOUNCER"
 
 // PgBouncer is a pgbouncer process this harness started in front of a
 // Server, as the local backend starts its postmaster: in a temp directory,
@@ -41,14 +41,14 @@ type PgBouncer struct {
 	upstream *pgx.ConnConfig
 }
 
-// FindPgBouncer returns the pgbouncer binary: $PGBOUNCER, else the one on
+// findPgBouncer returns the pgbouncer binary: $PGBOUNCER, else the one on
 // PATH, else Debian's /usr/sbin/pgbouncer.
-func FindPgBouncer() (string, error) {
-	if p := os.Getenv(EnvPgBouncer); p != "" {
+func findPgBouncer() (string, error) {
+	if p := os.Getenv(envPgBouncer); p != "" {
 		if st, err := os.Stat(p); err == nil && !st.IsDir() {
 			return p, nil
 		}
-		return "", fmt.Errorf("%s=%s is not a file", EnvPgBouncer, p)
+		return "", fmt.Errorf("%s=%s is not a file", envPgBouncer, p)
 	}
 	if p, err := exec.LookPath("pgbouncer"); err == nil {
 		return p, nil
@@ -56,7 +56,7 @@ func FindPgBouncer() (string, error) {
 	if st, err := os.Stat("/usr/sbin/pgbouncer"); err == nil && !st.IsDir() {
 		return "/usr/sbin/pgbouncer", nil
 	}
-	return "", fmt.Errorf("%w: no pgbouncer on PATH, in /usr/sbin or in $%s (Debian: apt-get install pgbouncer)", ErrUnavailable, EnvPgBouncer)
+	return "", fmt.Errorf("%w: no pgbouncer on PATH, in /usr/sbin or in $%s (Debian: apt-get install pgbouncer)", ErrUnavailable, envPgBouncer)
 }
 
 // PoolModes are pgbouncer's pool modes.
@@ -69,7 +69,7 @@ func StartPgBouncer(ctx context.Context, srv *Server, mode string) (*PgBouncer, 
 	if !slices.Contains(PoolModes(), mode) {
 		return nil, fmt.Errorf("pgbouncer pool mode %q: use one of %s", mode, strings.Join(PoolModes(), ", "))
 	}
-	bin, err := FindPgBouncer()
+	bin, err := findPgBouncer()
 	if err != nil {
 		return nil, err
 	}
@@ -104,7 +104,7 @@ func StartPgBouncer(ctx context.Context, srv *Server, mode string) (*PgBouncer, 
 	}
 	b.cmd = cmd
 	go func() { b.done <- cmd.Wait() }()
-	// SweepStale leaves the directory of a live pgbouncer alone.
+	// sweepStale leaves the directory of a live pgbouncer alone.
 	if err := os.WriteFile(filepath.Join(b.dir, bouncerPIDFile), []byte(strconv.Itoa(cmd.Process.Pid)+"\n"), 0o644); err != nil {
 		return nil, fmt.Errorf("write pgbouncer's pid: %w", err)
 	}
@@ -258,9 +258,9 @@ func (s *syncBuffer) String() string {
 	return s.buf.String()
 }
 
-// EnvRequirePgBouncer, set to 1, makes RequirePgBouncer fail instead of
+// envRequirePgBouncer, set to 1, makes RequirePgBouncer fail instead of
 // skip when pgbouncer is missing (CI installs it).
-const EnvRequirePgBouncer = "HARNESS_REQUIRE_PGBOUNCER"
+const envRequirePgBouncer = "HARNESS_REQUIRE_PGBOUNCER"
 
 // RequirePgBouncer starts pgbouncer in mode in front of srv for the test
 // and stops it when the test ends. Without pgbouncer the test skips, saying
@@ -270,8 +270,8 @@ func RequirePgBouncer(t testing.TB, srv *Server, mode string) *PgBouncer {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	b, err := StartPgBouncer(ctx, srv, mode)
-	if errors.Is(err, ErrUnavailable) && os.Getenv(EnvRequirePgBouncer) != "1" {
-		t.Skipf("pgbouncer cannot run here: %v (set %s=1 to make this a failure)", err, EnvRequirePgBouncer)
+	if errors.Is(err, ErrUnavailable) && os.Getenv(envRequirePgBouncer) != "1" {
+		t.Skipf("pgbouncer cannot run here: %v (set %s=1 to make this a failure)", err, envRequirePgBouncer)
 	}
 	if err != nil {
 		t.Fatalf("start pgbouncer: %v", err)

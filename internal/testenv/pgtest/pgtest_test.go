@@ -137,7 +137,7 @@ func TestImageRef(t *testing.T) {
 		"registry.local:5000/pg:15.3": {"registry.local:5000/pg", "15.3"},
 		"registry.local:5000/pg":      {"registry.local:5000/pg", "latest"},
 	} {
-		repo, tag := ImageRef(in)
+		repo, tag := imageRef(in)
 		require.Equal(t, want, [2]string{repo, tag}, in)
 	}
 }
@@ -150,7 +150,7 @@ func TestRedact(t *testing.T) {
 }
 
 func TestFindBinariesRejectsAnEmptyPGBin(t *testing.T) {
-	_, err := FindBinaries(t.TempDir())
+	_, err := findBinaries(t.TempDir())
 	require.ErrorContains(t, err, "does not hold initdb")
 }
 

@@ -16,10 +16,10 @@ import (
 	"time"
 )
 
-// RuntimeDriver is the project's own wrapper of the addon's raw exports
+// runtimeDriver is the project's own wrapper of the addon's raw exports
 // (tools/upstream/runtime.js): it runs the real duroxide runtime and its
 // client on one schema and answers in JSON.
-const RuntimeDriver = "runtime.js"
+const runtimeDriver = "runtime.js"
 
 // RuntimeOptions are the runtime's options the driver passes on
 // (JsRuntimeOptions; zero fields take the runtime's defaults, except the
@@ -168,9 +168,9 @@ func (p *Provider) driver() (string, error) {
 	if err != nil {
 		return "", err
 	}
-	path := filepath.Join(dir, RuntimeDriver)
+	path := filepath.Join(dir, runtimeDriver)
 	if _, err := os.Stat(path); err != nil {
-		return "", fmt.Errorf("%w: %v", ErrUnavailable, err)
+		return "", fmt.Errorf("%w: %v", errUnavailable, err)
 	}
 	return path, nil
 }

@@ -23,17 +23,17 @@ import (
 // AddonPackage is the npm package, and the version, tools/upstream pins.
 const AddonPackage = "duroxide-linux-x64-gnu@0.1.29"
 
-// EnvAddon names the variable that points at the addon's .node file when it
+// envAddon names the variable that points at the addon's .node file when it
 // is not installed in tools/upstream.
-const EnvAddon = "DUROXIDE_ADDON"
+const envAddon = "DUROXIDE_ADDON"
 
-// EnvRequire, when set to 1, turns "the real provider is missing" from a
+// envRequire, when set to 1, turns "the real provider is missing" from a
 // reason to skip into a failure: CI and `make test` set it after installing
 // the provider, so its tests can never be skipped there unnoticed.
-const EnvRequire = "HARNESS_REQUIRE_UPSTREAM"
+const envRequire = "HARNESS_REQUIRE_UPSTREAM"
 
-// ErrUnavailable marks a machine without node or without the addon.
-var ErrUnavailable = errors.New("the real duroxide-pg provider is not available")
+// errUnavailable marks a machine without node or without the addon.
+var errUnavailable = errors.New("the real duroxide-pg provider is not available")
 
 //go:embed provision.js
 var provisionScript string
@@ -46,13 +46,13 @@ type Provider struct {
 
 // Find locates node and the addon: $DUROXIDE_ADDON, else
 // tools/upstream/node_modules in the repository that holds the working
-// directory. The error wraps ErrUnavailable and says how to install them.
+// directory. The error wraps errUnavailable and says how to install them.
 func Find() (*Provider, error) {
 	node, err := exec.LookPath("node")
 	if err != nil {
-		return nil, fmt.Errorf("%w: node is not on PATH (Debian: apt-get install nodejs npm)", ErrUnavailable)
+		return nil, fmt.Errorf("%w: node is not on PATH (Debian: apt-get install nodejs npm)", errUnavailable)
 	}
-	addon := os.Getenv(EnvAddon)
+	addon := os.Getenv(envAddon)
 	if addon == "" {
 		dir, err := toolsDir()
 		if err != nil {
@@ -62,7 +62,7 @@ func Find() (*Provider, error) {
 	}
 	if _, err := os.Stat(addon); err != nil {
 		return nil, fmt.Errorf("%w: %s is missing; install it with `npm ci --prefix tools/upstream` (or `make upstream`), or point %s at the addon's .node file",
-			ErrUnavailable, addon, EnvAddon)
+			errUnavailable, addon, envAddon)
 	}
 	return &Provider{node: node, addon: addon}, nil
 }
@@ -71,7 +71,7 @@ func Find() (*Provider, error) {
 func toolsDir() (string, error) {
 	dir, err := os.Getwd()
 	if err != nil {
-		return "", fmt.Errorf("%w: %v", ErrUnavailable, err)
+		return "", fmt.Errorf("%w: %v", errUnavailable, err)
 	}
 	for {
 		candidate := filepath.Join(dir, "tools", "upstream")
@@ -80,7 +80,7 @@ func toolsDir() (string, error) {
 		}
 		parent := filepath.Dir(dir)
 		if parent == dir {
-			return "", fmt.Errorf("%w: no tools/upstream above %s; set %s", ErrUnavailable, dir, EnvAddon)
+			return "", fmt.Errorf("%w: no tools/upstream above %s; set %s", errUnavailable, dir, envAddon)
 		}
 		dir = parent
 	}

@@ -14,8 +14,8 @@ func Require(t testing.TB) *Provider {
 	if err == nil {
 		return p
 	}
-	if os.Getenv(EnvRequire) == "1" || !errors.Is(err, ErrUnavailable) {
-		t.Fatalf("%v (%s=1)", err, EnvRequire)
+	if os.Getenv(envRequire) == "1" || !errors.Is(err, errUnavailable) {
+		t.Fatalf("%v (%s=1)", err, envRequire)
 	}
 	t.Skipf("%v", err)
 	return nil
