@@ -60,7 +60,7 @@ type Definition struct {
 }
 
 // Fingerprint is the md5 of the body, as the guards and
-// reference/fingerprint.sql compute it for the pack's own texts (which never
+// harness/ops/fingerprint compute it for the pack's own texts (which never
 // name their schema).
 func (d Definition) Fingerprint() string { return Fingerprint(d.Source) }
 

@@ -1,7 +1,7 @@
 package migrations_test
 
 // The defects of fetch_orchestration_item that version 19 keeps on purpose
-// (shared/spec/orchestration.md sections 3.6 and 13): a lease computed from
+// (upstream's own, documented): a lease computed from
 // the caller's possibly stale clock, a blocking advisory lock on the oldest
 // candidate, and a batch that can come back empty. Fixes belong after 19.
 

@@ -214,7 +214,7 @@ func mustJSON(t *testing.T, v any) json.RawMessage {
 }
 
 // ---------------------------------------------------------------------------
-// Work items and events (runtime-facts.md section 2).
+// Work items and events, in the runtime's JSON shapes.
 
 func startItem(instance, orchestration string, version any, executionID int64) string {
 	return fmt.Sprintf(`{"StartOrchestration":{"instance":%q,"orchestration":%q,"input":"{}","version":%s,"parent_instance":null,"parent_id":null,"execution_id":%d}}`,

@@ -1,8 +1,8 @@
 package migrations_test
 
 // Behaviour of upstream duroxide-pg's migration 0020 (kv_delta and the
-// two-table KV semantics; shared/spec/later-versions.md sections 1, 2, 3.1,
-// 3.3, 3.4, 3.6), proved on the real provider and on every pack version
+// two-table KV semantics, and what it changes in the functions that
+// read and write the KV store), proved on the real provider and on every pack version
 // from the port of upstream 20 on. Each subtest proves one claim of the
 // checklist in section 5; the comment above it gives the claim's number.
 

@@ -1,7 +1,7 @@
 package migrations_test
 
 // Helpers for the behaviour tests of upstream duroxide-pg's versions 20
-// and 21 (shared/spec/later-versions.md): the targets every claim runs on
+// and 21: the targets every claim runs on
 // (the real upstream provider, and each pack version from the port of
 // upstream 20 on), and readers of kv_delta, kv_store, the two KV read
 // functions and get_instance_stats.
@@ -23,8 +23,8 @@ import (
 // upstream.AddonPackage (0.1.29) runs 1..21 and 23.
 const upstreamLevel = 23
 
-// laterTarget is one kind of database the claims of later-versions.md must
-// hold on.
+// laterTarget is one kind of database the claims about upstream 20 and 21
+// must hold on.
 type laterTarget struct {
 	// name is the subtest name: "upstream 0.1.29" or "pack 0022".
 	name string

@@ -1,8 +1,6 @@
 package migrations_test
 
-// Behaviour of the management surface at version 19
-// (shared/spec/management-and-evolution.md PART 1, section 1.3 and
-// Appendix A): instance and execution info, metrics, listings, parent and
+// Behaviour of the management surface at version 19: instance and execution info, metrics, listings, parent and
 // children, delete_instances_atomic, prune_executions, cleanup_schema.
 
 import (

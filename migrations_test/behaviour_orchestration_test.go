@@ -1,7 +1,7 @@
 package migrations_test
 
 // Behaviour of the orchestration path at version 19 and every later pack
-// version (shared/spec/orchestration.md sections 3 to 7 and 11): fetch, ack,
+// version: fetch, ack,
 // abandon, renew and enqueue of orchestration items. Where a fix changes a
 // lease by the time the call ran, or makes a renewal never shorten one, the
 // claim says so (behaviour_leases_test.go).

@@ -1,8 +1,7 @@
 package migrations_test
 
 // Every function finds its own tables whatever the caller's search_path
-// (shared/spec/orchestration.md section 0, worker.md 0.3,
-// management-and-evolution.md conventions). The other behaviour tests call
+// (upstream's convention for every function). The other behaviour tests call
 // with an empty search_path; these call with search_path = public holding
 // look-alike decoy tables, and with temporary look-alikes.
 

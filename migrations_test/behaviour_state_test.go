@@ -1,8 +1,7 @@
 package migrations_test
 
 // Behaviour at version 19 and every later pack version of the state an ack
-// leaves behind and the read helpers over it (shared/spec/orchestration.md
-// sections 4 step 7b/7c, 3.4 step 9 and 8, 9, 13.4): custom status, the KV
+// leaves behind and the read helpers over it: custom status, the KV
 // store and its snapshot (the kv_store table itself before the port of
 // upstream 20), fetch_history & co, and the upstream quirks kept at 1..19.
 
@@ -153,8 +152,8 @@ func (h *schemaDB) kvRows(instance string) []kvRow {
 // TestKVStore: what an ack's kv_mutations leave for the next fetch's
 // snapshot, at every version, and the kv_store table itself at the versions
 // before the port of upstream 20, which moved a non-terminal turn's writes to
-// kv_delta, folded into kv_store on a terminal turn (later-versions.md 2.3,
-// 2.4; TestKVDelta proves that behaviour).
+// kv_delta, folded into kv_store on a terminal turn (TestKVDelta proves that
+// behaviour).
 func TestKVStore(t *testing.T) {
 	t.Parallel()
 

@@ -1,8 +1,7 @@
 package migrations_test
 
 // Behaviour of upstream duroxide-pg's migration 0021 (get_instance_stats)
-// and of cleanup_schema at 0020 and 0021 (shared/spec/later-versions.md
-// sections 3.2 and 3.5), proved on the real provider and on every pack
+// and of cleanup_schema at 0020 and 0021, proved on the real provider and on every pack
 // version from the port of upstream 20 (cleanup_schema at 20) or 21 on.
 // Each subtest proves one claim of the checklist in section 5; the comment
 // above it gives the claim's number.

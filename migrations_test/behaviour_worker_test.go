@@ -1,7 +1,7 @@
 package migrations_test
 
 // Behaviour of the worker (activity) queue and sessions at version 19 and
-// every later pack version (shared/spec/worker.md section 2): enqueue, fetch
+// every later pack version: enqueue, fetch
 // with tags and sessions, ack, abandon, lock renewal, session renewal and
 // cleanup, queue depths. Where a fix changes a lease by the time the call
 // ran, or makes a renewal never shorten one, the claim says so

@@ -71,7 +71,7 @@
 -- definition serves every database from 19 on. The migration still first
 -- identifies the installed definition by its fingerprint (the md5 of its
 -- source, the schema's name replaced by @schema@, as
--- reference/fingerprint.sql computes it): upstream's own text at 19..23,
+-- the fingerprint package of the harness computes it): upstream's own text at 19..23,
 -- the pack's 0019 text, or this fix (installed again, no change). Anything
 -- else (a hand edit, a newer upstream) makes it fail with SQLSTATE 55000
 -- naming the function, and the transaction changes nothing. The guard's

@@ -28,7 +28,7 @@
 -- (releases 0.1.27 and later), before or after this pack. So this migration
 -- first identifies the installed definition by its fingerprint (the md5 of
 -- its source, the schema's name replaced by @schema@, as
--- reference/fingerprint.sql computes it), against upstream's own texts and
+-- the fingerprint package of the harness computes it), against upstream's own texts and
 -- the pack's, and installs the fixed definition for that behaviour:
 --   * upstream 19 behaviour (kv_store): version 19's ack with the lock;
 --   * upstream 20 behaviour (kv_delta, unchanged in 21 and 23): version 20's

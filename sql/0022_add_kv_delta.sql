@@ -6,7 +6,7 @@
 -- _duroxide_migrations is upstream's (20, '0020_add_kv_delta.sql'), which is
 -- what duroxide-pg's own runner reads.
 --
--- What changes (later-versions.md sections 1-3):
+-- What changes:
 --   * kv_delta (instance_id, key, value NULL = tombstone, last_updated_at_ms),
 --     primary key (instance_id, key): the KV mutations made since the
 --     instance's last terminal turn. kv_store keeps the state as of that

@@ -4,7 +4,7 @@
 -- number 0023: see 0022's header). Records upstream's row
 -- (21, '0021_add_get_instance_stats.sql').
 --
--- What changes (later-versions.md sections 1.3, 3.2, 3.5):
+-- What changes:
 --   * get_instance_stats(p_instance) (new): one row (found, history event
 --     count and bytes of the current execution, queue_pending_count = the
 --     number of carry_forward_events of the current execution's event 1, KV

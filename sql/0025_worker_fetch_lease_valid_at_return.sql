@@ -79,8 +79,8 @@
 -- version 16 (19, 20, 21 and 23 have the same text), so one fixed definition
 -- serves every database from 19 on. The guard below first identifies the
 -- installed definition by its fingerprint (the md5 of its source, the
--- schema's name replaced by @schema@, as reference/fingerprint.sql computes
--- it): upstream's text, the pack's 0016 text, or this fix (installed again,
+-- schema's name replaced by @schema@, as the fingerprint package of the
+-- harness computes it): upstream's text, the pack's 0016 text, or this fix (installed again,
 -- no change). Anything else makes it fail with SQLSTATE 55000 naming the
 -- function, and the transaction changes nothing.
 --

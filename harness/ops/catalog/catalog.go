@@ -20,7 +20,7 @@ type Querier interface {
 	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
 }
 
-// query is a Go port of the reference catalog.sql: $1 is the schema name.
+// query is a Go port of upstream's catalog query: $1 is the schema name.
 // It skips goose's version table and sequence, and the NOT NULL constraints
 // that PostgreSQL 18 records in pg_constraint (columns already carry
 // not_null), so that every server version gives upstream's shape.

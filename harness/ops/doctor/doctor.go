@@ -115,7 +115,7 @@ type FunctionCheck struct {
 	// behaviour", "upstream 19, 20, 21, 23", "pack, as upstream 19".
 	Definition string `json:"definition,omitempty"`
 	// Fingerprint is the md5 of its source with the schema's name replaced
-	// by @schema@ (reference/fingerprint.sql's).
+	// by @schema@ (as harness/ops/fingerprint computes it).
 	Fingerprint string `json:"fingerprint,omitempty"`
 	Definitions int    `json:"definitions"`
 }

@@ -22,10 +22,10 @@ import (
 )
 
 // query computes, for every function of schema $1, its identity (name and
-// identity arguments, as reference/fingerprint.sql prints them), the md5 of
+// identity arguments, as upstream's fingerprint query prints them), the md5 of
 // its source, and the md5 of its source with every "<schema>." replaced by
 // "@schema@.". Upstream's texts qualify every table with their schema (the
-// pack's never name it), so this is reference/fingerprint.sql's fingerprint,
+// pack's never name it), so this is the fingerprint of upstream's query,
 // except that it also holds for a schema named duroxide, whose name the
 // reference's plain replace also finds inside column names such as
 // duroxide_version_major.

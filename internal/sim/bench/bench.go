@@ -14,7 +14,7 @@
 //     enqueues the instance's next message (steady state);
 //   - hot: one instance with a 5000-event history that always has a
 //     message, N = 16, lock timeout calibrated at start like the organic
-//     repro's (repro.Calibrate: hotLockTimeoutFactor x one uncontended
+//     repro's (dispatch.Calibrate: hotLockTimeoutFactor x one uncontended
 //     fetch of the hot instance);
 //   - queue_only: 2000 instances without history, N = 1 and 8, plus the
 //     bare single-statement dequeue (baseline.go) on the same tables;
@@ -48,7 +48,6 @@ import (
 	migrations "github.com/duroxide-pg/migrations"
 	"github.com/duroxide-pg/migrations/harness/ops/migrate"
 	"github.com/duroxide-pg/migrations/internal/sim/dispatch"
-	"github.com/duroxide-pg/migrations/internal/sim/repro"
 	"github.com/duroxide-pg/migrations/internal/sim/simconfig"
 	"github.com/duroxide-pg/migrations/internal/testenv/pgtest"
 )
@@ -301,8 +300,8 @@ type Result struct {
 	Runtime *RuntimeBench `json:"runtime,omitempty"`
 	// HotCalibration is the measurement behind the hot scenario's lock
 	// timeout, when it was calibrated (Config.HotLockTimeout 0).
-	HotCalibration *repro.Calibration `json:"hot_calibration,omitempty"`
-	Targets        []Target           `json:"targets"`
+	HotCalibration *dispatch.Calibration `json:"hot_calibration,omitempty"`
+	Targets        []Target              `json:"targets"`
 }
 
 // Settings echoes the config in readable units.

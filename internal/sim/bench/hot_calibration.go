@@ -4,7 +4,7 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/duroxide-pg/migrations/internal/sim/repro"
+	"github.com/duroxide-pg/migrations/internal/sim/dispatch"
 )
 
 // hotLockTimeoutFactor is how many uncontended fetch times of the hot
@@ -15,7 +15,7 @@ import (
 const hotLockTimeoutFactor = 3.5
 
 // calibrateHot measures the hot scenario's lock timeout the way the organic
-// repro does (repro.Calibrate: hotLockTimeoutFactor x the median of 9
+// repro does (dispatch.Calibrate: hotLockTimeoutFactor x the median of 9
 // uncontended fetches of the hot instance, on the lowest version's schema
 // p, now, on this machine). A fixed small timeout is shorter than the
 // delivery of the hot instance's ~1.25 MB row on a busy machine, so every
@@ -23,10 +23,10 @@ const hotLockTimeoutFactor = 3.5
 // fetch times keeps "no dead lease after the fix" a fair target on a fast
 // idle machine and on a slow busy one. Calibrate reseeds p with the same
 // rows, so p's snapshot still describes it.
-func calibrateHot(ctx context.Context, dsn string, p prepared, cfg Config) (repro.Calibration, error) {
-	cal, err := repro.Calibrate(ctx, dsn, p.schema, hotConfig(cfg), hotLockTimeoutFactor)
+func calibrateHot(ctx context.Context, dsn string, p prepared, cfg Config) (dispatch.Calibration, error) {
+	cal, err := dispatch.Calibrate(ctx, dsn, p.schema, hotConfig(cfg), hotLockTimeoutFactor)
 	if err != nil {
-		return repro.Calibration{}, fmt.Errorf("bench: calibrate the hot lock timeout on %s: %w", p.schema, err)
+		return dispatch.Calibration{}, fmt.Errorf("bench: calibrate the hot lock timeout on %s: %w", p.schema, err)
 	}
 	return cal, nil
 }

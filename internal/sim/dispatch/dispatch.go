@@ -1,6 +1,5 @@
 // Package dispatch simulates duroxide's orchestration dispatchers against a
-// duroxide-pg schema, the way the runtime drives the provider (see
-// /work/shared/spec/runtime-facts.md, §1):
+// duroxide-pg schema, the way the runtime drives the provider:
 //
 //   - each dispatcher is one worker loop with its own connection; it mints
 //     p_now_ms from its own clock (wall clock plus an optional skew) right
@@ -36,7 +35,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"strconv"
 	"strings"
 	"sync"
@@ -48,6 +46,7 @@ import (
 	"github.com/duroxide-pg/migrations/internal/sim/clock"
 	"github.com/duroxide-pg/migrations/internal/sim/defaults"
 	"github.com/duroxide-pg/migrations/internal/sim/orch"
+	"github.com/duroxide-pg/migrations/internal/sim/renewal"
 	"github.com/duroxide-pg/migrations/internal/sim/simconfig"
 )
 
@@ -156,23 +155,6 @@ func (c Config) Validate() error {
 	}
 	return nil
 }
-
-// RenewalInterval is the runtime's renewal period for a lock timeout: for
-// timeouts of 15 s or more, timeout minus the 2 s buffer (at least 1 s);
-// below, ceil(timeout/2) in whole seconds, at least 1 s.
-func RenewalInterval(timeout time.Duration) time.Duration {
-	const buffer = 2 * time.Second
-	if timeout >= 15*time.Second {
-		return max(timeout-min(buffer, timeout), time.Second)
-	}
-	half := math.Max(math.Ceil(timeout.Seconds()*0.5), 1)
-	return time.Duration(half) * time.Second
-}
-
-// RenewExtendSecs is what duroxide-pg passes to
-// renew_orchestration_item_lock: the timeout truncated to whole seconds
-// (0 for a sub-second timeout).
-func RenewExtendSecs(timeout time.Duration) int64 { return int64(timeout / time.Second) }
 
 // SkewFor is dispatcher i's clock offset (0-based, of n): Skews[i] when
 // Skews is set, else its place in Skew's spread.
@@ -386,7 +368,7 @@ func connLost(conn *pgx.Conn, err error) bool {
 	return true
 }
 
-// loop is one orchestration worker (runtime-facts §1.2).
+// loop is one orchestration worker of the runtime.
 func (d *dispatcher) loop(runCtx, turnCtx context.Context) {
 	consecutiveRetryable := 0
 	for runCtx.Err() == nil {
@@ -518,7 +500,7 @@ type fetched struct {
 	history historyFacts
 }
 
-// turn processes one fetched item (runtime-facts §1.2 step 3, §1.5).
+// turn processes one fetched item (the runtime's turn).
 func (d *dispatcher) turn(ctx context.Context, it *fetched) {
 	// Runtime-side pinned-version check: abandon with 1 s delay.
 	if v := it.history.PinnedVersion; v != "" {
@@ -606,7 +588,7 @@ func (d *dispatcher) turn(ctx context.Context, it *fetched) {
 	}, nil, "")
 }
 
-// poison acks the batch as poison (runtime-facts §1.8); its result is
+// poison acks the batch as poison, as the runtime does; its result is
 // ignored by the runtime.
 func (d *dispatcher) poison(ctx context.Context, it *fetched) {
 	msgs := string(it.Messages)
@@ -733,10 +715,10 @@ func (d *dispatcher) abandon(ctx context.Context, it *fetched, delay time.Durati
 		Messages: it.ids, Outcome: outcome(err)})
 }
 
-// startRenewal starts the renewal task of a turn (runtime-facts §1.4), see
-// StartRenewal.
+// startRenewal starts the renewal task of a turn, see
+// renewal.Start.
 func (d *dispatcher) startRenewal(ctx context.Context, it *fetched) func() {
-	return StartRenewal(ctx, d.cfg.LockTimeout, func(rctx context.Context, extendSecs int64) (func(), error) {
+	return renewal.Start(ctx, d.cfg.LockTimeout, func(rctx context.Context, extendSecs int64) (func(), error) {
 		t, err := d.call(rctx, kindRenew, func(conn *pgx.Conn, now int64) error {
 			return d.client.Renew(rctx, conn, it.LockToken, now, extendSecs)
 		})
@@ -746,45 +728,6 @@ func (d *dispatcher) startRenewal(ctx context.Context, it *fetched) func() {
 				Outcome: outcome(err)})
 		}, err
 	})
-}
-
-// StartRenewal starts the runtime's renewal task of a lease taken with
-// lock timeout timeout, as the dispatchers and the activity workers run it
-// (runtime-facts §1.4): the first renewal one RenewalInterval(timeout)
-// after the start, then one every interval, each asking for
-// RenewExtendSecs(timeout); it stops for good at the first error. renew
-// makes one renewal and returns how to record it; a renewal that fails
-// because the task is being stopped is not recorded. The returned function
-// stops the task and waits for it.
-func StartRenewal(ctx context.Context, timeout time.Duration, renew func(ctx context.Context, extendSecs int64) (record func(), err error)) (stop func()) {
-	interval := RenewalInterval(timeout)
-	extend := RenewExtendSecs(timeout)
-	rctx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		tick := time.NewTicker(interval)
-		defer tick.Stop()
-		for {
-			select {
-			case <-rctx.Done():
-				return
-			case <-tick.C:
-			}
-			record, err := renew(rctx, extend)
-			if rctx.Err() != nil && err != nil {
-				return
-			}
-			record()
-			if err != nil {
-				return
-			}
-		}
-	}()
-	return func() {
-		cancel()
-		<-done
-	}
 }
 
 func outcome(err error) string {

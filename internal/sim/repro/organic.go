@@ -3,7 +3,6 @@ package repro
 import (
 	"context"
 	"fmt"
-	"sort"
 	"time"
 
 	"github.com/duroxide-pg/migrations/internal/sim/dispatch"
@@ -53,41 +52,10 @@ const (
 // minimum poll interval and max_attempts 10, no turn time, no clock skew,
 // 10 s per version. The lock timeout is calibrated (LockTimeout 0):
 // LockTimeoutFactor times the median of 9 uncontended fetches of a hot
-// instance on this machine, now (Calibrate). The measurements below are
-// from earlier settings (the fastest of 9 fetches, then 170-310 ms).
+// instance on this machine, now (dispatch.Calibrate).
 //
-// Why these. At 19 every fetcher queues on the advisory lock of the same
-// oldest instance; the losers move on to the next oldest and queue again,
-// keeping the advisory locks already taken, so they also deadlock and wait
-// out deadlock_timeout (1 s). A fetch that ends up with an instance has
-// waited for several others, and its lease, counted from the p_now_ms
-// minted before all that, is dead on arrival; the message comes back with
-// attempt_count + 1 and, being the oldest, is everyone's next candidate: the
-// livelock. At 20 nothing waits, but the lease is computed before the row
-// (1.25 MB of history) is serialised, sent and parsed by the caller: ~25 ms
-// on an idle machine (about 40% of a fetch; 14 ms of it is pgx validating
-// the JSON), ~50 ms typical and up to ~140 ms here with five hot instances
-// fetched at once; no lease can outlast that. A fixed timeout cannot sit
-// between the two on a machine whose load varies (250 ms kept every lease
-// valid at load 5-6 but did not start the livelock at load 2.7; the issue's
-// 30 ms with one hot instance gives 100% dead at 19 but also 2-8% dead at
-// 20, from delivery alone). Both sides scale with the time of one fetch,
-// hence the calibration. With 3 instances the livelock starts late or not
-// at all within the run.
-//
-// Measured on the 2-core development machine (local PostgreSQL 16, other
-// people's test suites running alongside, load average 3-4), six runs of
-// 10 s per version, timeouts 170-210 ms:
-//
-//	version 19: 89-97% of leases dead on arrival (lease age at return
-//	            p50 0.6-0.9 s, so remaining p50 about -0.4..-0.7 s), an
-//	            invalid-lock ack for each, max attempt_count 31-45,
-//	            0.6-1.3 completed turns/s, deadlocks (40P01) in some runs;
-//	version 20: 0 leases dead on arrival in all six (lease age at return
-//	            p50 ~55 ms, max 110-126 ms; remaining p1 59-109 ms),
-//	            0 invalid-lock acks, max attempt_count 1, ~30 turns/s.
-//
-// One run of both versions takes about 22 s.
+// Why these settings, and what they measured: docs/BENCH.md, "The repros'
+// settings".
 func OrganicDefaults() dispatch.Config {
 	return dispatch.Config{
 		Run: simconfig.Run{
@@ -104,13 +72,7 @@ func OrganicDefaults() dispatch.Config {
 }
 
 // OrganicShort is OrganicDefaults cut to 8 s per version, for the test
-// suite: about 14 s for calibration and both versions. Measured as above,
-// seven runs (three inside `go test ./...`), timeouts 170-310 ms: at 19
-// 91-100% of leases dead on arrival, max attempt_count 13-27; at 20 no
-// lease dead on arrival, no refused ack. Rarely (earlier settings: about
-// one run in fifteen) a scheduling stall under load delivers one lease
-// late at 20, or the livelock at 19 starts late; the test runs the
-// scenario at most twice.
+// suite: about 14 s for calibration and both versions.
 func OrganicShort() dispatch.Config {
 	c := OrganicDefaults()
 	c.Duration = 8 * time.Second
@@ -169,7 +131,7 @@ type OrganicVerdict struct {
 
 // OrganicResult is what RunOrganic returns; it serialises to stable
 // snake_case JSON.
-type OrganicResult = Result[OrganicSettings, Calibration, dispatch.Summary, dispatch.Event, OrganicVerdict]
+type OrganicResult = Result[OrganicSettings, dispatch.Calibration, dispatch.Summary, dispatch.Event, OrganicVerdict]
 
 // RunOrganic runs the organic scenario cfg (Schema is ignored) against
 // each schema of schemas (version -> schema name, all in the database of
@@ -177,7 +139,7 @@ type OrganicResult = Result[OrganicSettings, Calibration, dispatch.Summary, disp
 // already be migrated to their versions (prepareOrganic does that);
 // RunOrganic checks it, and Seed empties each schema's orchestration tables
 // before its run. A zero cfg.LockTimeout is calibrated first, on the lowest
-// version's schema (Calibrate); the same timeout then serves every version.
+// version's schema (dispatch.Calibrate); the same timeout then serves every version.
 // Other zero fields take dispatch's defaults. progress, when not nil,
 // receives one line per step.
 func RunOrganic(ctx context.Context, dsn string, schemas map[int]string, cfg dispatch.Config, progress func(string)) (OrganicResult, error) {
@@ -186,9 +148,9 @@ func RunOrganic(ctx context.Context, dsn string, schemas map[int]string, cfg dis
 	if err != nil {
 		return OrganicResult{}, err
 	}
-	var cal *Calibration
+	var cal *dispatch.Calibration
 	if cfg.LockTimeout == 0 {
-		c, err := Calibrate(ctx, dsn, schemas[versions[0]], cfg, LockTimeoutFactor)
+		c, err := dispatch.Calibrate(ctx, dsn, schemas[versions[0]], cfg, LockTimeoutFactor)
 		if err != nil {
 			return OrganicResult{}, err
 		}
@@ -361,60 +323,3 @@ func lateAcks(s dispatch.Summary) string {
 // cause), the shorter timeout only makes 19's convoy outlast more leases:
 // at 3.5, 1 busy-loop run of 10 left 19 at attempt_count 9 after 30 s.
 const LockTimeoutFactor = 2.5
-
-// Calibration is the measurement behind a calibrated lock timeout.
-type Calibration struct {
-	Schema  string `json:"schema"`
-	Samples int    `json:"samples"`
-	// Fetch is the median of Samples uncontended fetches (FetchMs in ms).
-	Fetch   time.Duration `json:"-"`
-	FetchMs float64       `json:"fetch_ms"`
-	// Factor is how many Fetch times the timeout lasts.
-	Factor      float64       `json:"factor"`
-	LockTimeout time.Duration `json:"-"`
-	// LockTimeoutMs is Factor x Fetch, rounded up to 10 ms, within
-	// [50 ms, 5 s].
-	LockTimeoutMs int64 `json:"lock_timeout_ms"`
-}
-
-// Calibrate measures how long one uncontended fetch_orchestration_item of a
-// seeded hot instance takes right now on schema (seeded with cfg, one
-// dispatcher's connection, each lease abandoned again), and derives the
-// lock timeout: factor x the median of 9 fetches. The median,
-// so that a passing spike in a few samples does not stretch the timeout for
-// the whole run, while a machine that stays busy (another process keeping
-// every core busy) gets a timeout its deliveries fit in: with the fastest
-// of 9, such a machine measured a fetch it could rarely repeat, and 6 runs
-// of 10 failed "clean at 20" on leases outlived by their delivery.
-//
-// Why: the bug and the fix are both about time spent in and around that
-// call. At 19 a lease dies when the caller's wait exceeds the timeout; with
-// 32 dispatchers queueing on the same advisory locks that wait is many
-// fetch times. At 20 a lease dies only if delivering the row (serialising
-// and parsing the history) outlasts it, a fraction of one fetch time. Both
-// scale with the machine's speed and load, so a timeout in fetch times
-// separates them on a fast idle machine and on a slow busy one alike,
-// where any fixed timeout is too long for one or too short for the other.
-func Calibrate(ctx context.Context, dsn, schema string, cfg dispatch.Config, factor float64) (Calibration, error) {
-	if factor <= 0 {
-		return Calibration{}, fmt.Errorf("organic: calibrate: factor %g: want > 0", factor)
-	}
-	cfg.Schema = schema
-	cfg.LockTimeout = time.Minute
-	cfg = cfg.WithDefaults()
-	if _, err := dispatch.Seed(ctx, dsn, cfg); err != nil {
-		return Calibration{}, fmt.Errorf("organic: calibrate: %w", err)
-	}
-	const samples = 9
-	lat, err := dispatch.MeasureFetch(ctx, dsn, schema, samples)
-	if err != nil {
-		return Calibration{}, fmt.Errorf("organic: calibrate: %w", err)
-	}
-	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
-	median := lat[samples/2]
-	t := time.Duration(factor * float64(median))
-	t = ((t + 10*time.Millisecond - 1) / (10 * time.Millisecond)) * (10 * time.Millisecond)
-	t = min(max(t, 50*time.Millisecond), 5*time.Second)
-	return Calibration{Schema: schema, Samples: samples, Fetch: median, Factor: factor,
-		FetchMs: float64(median.Microseconds()) / 1000, LockTimeout: t, LockTimeoutMs: t.Milliseconds()}, nil
-}

@@ -43,27 +43,13 @@ const (
 // The lock timeout T is calibrated (LockTimeout 0): workerLockTimeoutFactor
 // times the median of 9 uncontended fetch+ack cycles, rounded up to whole
 // seconds (duroxide-pg renews in whole seconds), at least 2 s so that an
-// activity renewed every dispatch.RenewalInterval(T) (1 s) can outlast it.
+// activity renewed every renewal.Interval(T) (1 s) can outlast it.
 // Everything else scales with T (workerTimes): activities run up to T/20,
 // one in 8 runs long, 0.6-0.8 T, and is renewed while it runs; the
 // runtimes' clocks are spread over [-1.5 T, +0.3 T].
 //
-// Why the skew. The provider mints p_now_ms before it acquires a pooled
-// connection (worker.md §4.1), so a worker's p_now_ms is stale by its pool
-// wait, and a host's clock may lag: both look to the database like a clock
-// behind. At the versions before the fix the lease is p_now_ms + T, so a
-// clock more than T behind hands out leases dead at return, which the
-// workers whose clocks are ahead take over: the first ack is refused and
-// the item delivered twice. After the fix the lease is the later of the two
-// clocks plus T, so a lagging clock costs nothing. No lease scheme
-// survives a clock ahead by more than the time left on a lease (its holder
-// sees it alive while others take it), so the clocks ahead stay at 0.3 T:
-// every activity is acked (or renewed) within 0.7 T of its lease's start.
-//
-// The session contention is what it is: 16 workers claiming, renewing and
-// stamping 8 sessions, and, before the fix, taking over the sessions whose
-// lease a lagging runtime wrote already expired. A fetch seen waiting on a
-// lock (sampled every 5 ms) counts as blocked.
+// Why the skew, and what it does to the sessions: docs/BENCH.md, "The
+// repros' settings".
 func WorkerDefaults() worker.Config {
 	return worker.Config{
 		Run: simconfig.Run{

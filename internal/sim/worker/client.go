@@ -1,6 +1,6 @@
 // Package worker simulates duroxide's activity workers against a
 // duroxide-pg schema, calling the worker-queue functions the way
-// duroxide-pg's provider does (/work/shared/spec/worker.md §4): typed calls
+// duroxide-pg's provider does: typed calls
 // of those functions, the worker loop (fetch, run the activity with lease
 // renewals, ack), each runtime's session renewal and cleanup, an event log
 // of every call, and its summary.

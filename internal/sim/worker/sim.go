@@ -13,7 +13,7 @@ import (
 
 	"github.com/duroxide-pg/migrations/internal/sim/clock"
 	"github.com/duroxide-pg/migrations/internal/sim/defaults"
-	"github.com/duroxide-pg/migrations/internal/sim/dispatch"
+	"github.com/duroxide-pg/migrations/internal/sim/renewal"
 	"github.com/duroxide-pg/migrations/internal/sim/simconfig"
 )
 
@@ -62,7 +62,7 @@ type Config struct {
 	// ShortActivity is the longest short activity (uniform in [0, it]);
 	// every LongEvery-th activity on average (0: none) is long instead,
 	// uniform in [LongActivityMin, LongActivityMax], and its lease is
-	// renewed every dispatch.RenewalInterval(LockTimeout) while it runs.
+	// renewed every renewal.Interval(LockTimeout) while it runs.
 	ShortActivity   time.Duration `json:"short_activity_ns"`
 	LongEvery       int           `json:"long_every"`
 	LongActivityMin time.Duration `json:"long_activity_min_ns"`
@@ -446,9 +446,9 @@ func (w *slot) process(ctx context.Context, f *Fetched, fetchStart time.Time) {
 }
 
 // startRenewal renews the item's lease as the runtime does
-// (dispatch.StartRenewal), with the worker lock timeout.
+// (renewal.Start), with the worker lock timeout.
 func (w *slot) startRenewal(ctx context.Context, f *Fetched) func() {
-	return dispatch.StartRenewal(ctx, w.cfg.LockTimeout, func(rctx context.Context, extendSecs int64) (func(), error) {
+	return renewal.Start(ctx, w.cfg.LockTimeout, func(rctx context.Context, extendSecs int64) (func(), error) {
 		before, after, lat, err := w.call(func(now int64) error {
 			return w.client.RenewItem(rctx, w.conn, f.LockToken, now, extendSecs)
 		})
