@@ -61,7 +61,7 @@ func script(t *testing.T, db *testdb.Database, down bool, to int64) string {
 	plan, err := sqlscript.Read(context.Background(), openSQL(t, db), sqlscript.Options{Schema: db.Schema, Down: down, Target: to})
 	require.NoError(t, err)
 	var b bytes.Buffer
-	require.NoError(t, sqlscript.Write(&b, plan, ""))
+	require.NoError(t, sqlscript.Write(&b, plan))
 	return b.String()
 }
 

@@ -2,13 +2,11 @@ package cli
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 
 	"github.com/duroxide-pg/migrations/harness/ops/baseline"
 	"github.com/duroxide-pg/migrations/harness/ops/migrate"
-	"github.com/duroxide-pg/migrations/internal/testenv/pgtest"
 )
 
 // runBaseline adopts a database created by duroxide-pg's own runner: see
@@ -78,18 +76,4 @@ func runBaseline(ctx context.Context, env *env, args []string) error {
 		fmt.Fprintf(env.Stdout, "baselined at goose version %d (upstream %d)\n", res.Baseline, res.State)
 	}
 	return nil
-}
-
-// connect opens a pool on t's database with search_path = the target
-// schema, without creating anything; connection failures are bad input.
-func (t *target) connect(ctx context.Context) (*sql.DB, error) {
-	db, err := migrate.OpenDB(t.dsn, t.schema, t.role)
-	if err != nil {
-		return nil, usagef("bad DSN %s: %v", pgtest.Redact(t.dsn), oneLine(err.Error()))
-	}
-	if err := db.PingContext(ctx); err != nil {
-		db.Close()
-		return nil, unreachableError{usageError{fmt.Sprintf("cannot use %s: %s; check the DSN and that the server runs", pgtest.Redact(t.dsn), oneLine(pgErrText(err)))}}
-	}
-	return db, nil
 }

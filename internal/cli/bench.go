@@ -62,7 +62,10 @@ func runBench(ctx context.Context, env *env, args []string) error {
 	if *hotLock < 0 || *scaleCalls < 1 || *scaleIdle < 1 || *scaleIdleFor < 100*time.Millisecond {
 		return usagef("--hot-lock-timeout >= 0, --scale-calls and --scale-idle-dispatchers >= 1, --scale-idle-duration >= 100ms")
 	}
-	cfg.HotLockTimeout, cfg.ScaleCalls, cfg.ScaleIdleDispatchers, cfg.ScaleIdleDuration = *hotLock, *scaleCalls, *scaleIdle, *scaleIdleFor
+	cfg.ScaleCalls, cfg.ScaleIdleDispatchers, cfg.ScaleIdleDuration = *scaleCalls, *scaleIdle, *scaleIdleFor
+	if *hotLock != 0 {
+		cfg.HotLockTimeout, cfg.CalibrateHotLockTimeout = *hotLock, false
+	}
 	if cfg.ScaleBlocked, err = parseInts("--scale-blocked", *scaleBlocked); err != nil {
 		return err
 	}

@@ -11,7 +11,6 @@ import (
 
 	migrations "github.com/duroxide-pg/migrations"
 	"github.com/duroxide-pg/migrations/harness/ops/migrate"
-	"github.com/duroxide-pg/migrations/internal/sim/dispatch"
 	"github.com/duroxide-pg/migrations/internal/sim/repro"
 	"github.com/duroxide-pg/migrations/internal/testenv/pgtest"
 	"github.com/duroxide-pg/migrations/internal/testenv/upstream"
@@ -131,10 +130,16 @@ func runRepro(ctx context.Context, env *env, args []string) error {
 		return usagef("the worker repro compares versions %d and %d only; drop --worker-versions or use `repro worker-minimal`", wbug, wfix)
 	}
 	workerCfg := wdef
-	workerCfg.Runtimes, workerCfg.Slots, workerCfg.Duration, workerCfg.LockTimeout = *workerRuntimes, *workerSlots, *workerDuration, *workerLockTimeout
+	workerCfg.Runtimes, workerCfg.Slots, workerCfg.Duration = *workerRuntimes, *workerSlots, *workerDuration
+	if *workerLockTimeout != 0 {
+		workerCfg.LockTimeout, workerCfg.CalibrateLockTimeout = *workerLockTimeout, false
+	}
 	organicCfg := def
 	organicCfg.Dispatchers, organicCfg.Instances, organicCfg.HistoryEvents, organicCfg.EventBytes = *dispatchers, *instances, *history, *eventBytes
-	organicCfg.LockTimeout, organicCfg.PollInterval, organicCfg.TurnTime, organicCfg.Duration, organicCfg.Skew = *lockTimeout, *poll, *turn, *duration, *skew
+	organicCfg.PollInterval, organicCfg.TurnTime, organicCfg.Duration, organicCfg.Skew = *poll, *turn, *duration, *skew
+	if *lockTimeout != 0 {
+		organicCfg.LockTimeout, organicCfg.CalibrateLockTimeout = *lockTimeout, false
+	}
 	if *dispatchers < 1 || *instances < 1 || *history < 0 || *eventBytes < 1 || *lockTimeout < 0 || *poll <= 0 || *turn < 0 || *duration <= 0 || *skew < 0 {
 		return usagef("organic settings out of range: dispatchers, instances, event-bytes >= 1; poll, duration > 0; history, lock-timeout, turn, skew >= 0")
 	}
@@ -239,7 +244,7 @@ func printed(err error, print func() error) error {
 
 // runOrganic runs the organic repro in the repro database, its dispatchers
 // connecting through a PgBouncer in bouncerMode when that is not empty.
-func runOrganic(ctx context.Context, setup *reproSetup, cfg dispatch.Config, bouncerMode string, env *env, progress func(string)) (repro.OrganicResult, error) {
+func runOrganic(ctx context.Context, setup *reproSetup, cfg repro.OrganicConfig, bouncerMode string, env *env, progress func(string)) (repro.OrganicResult, error) {
 	if bouncerMode != "" {
 		b, err := pgtest.StartPgBouncer(ctx, setup.srv, bouncerMode)
 		if err != nil {

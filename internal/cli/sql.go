@@ -68,7 +68,7 @@ func runSQL(ctx context.Context, env *env, args []string) error {
 		return fmt.Errorf("sql: %s", pgErrText(err))
 	}
 	if *out == "" {
-		if err := sqlscript.Write(env.Stdout, plan, t.cfg.VersionTable); err != nil {
+		if err := sqlscript.Write(env.Stdout, plan); err != nil {
 			return fmt.Errorf("sql: write the script: %w", err)
 		}
 		return nil
@@ -77,7 +77,7 @@ func runSQL(ctx context.Context, env *env, args []string) error {
 	if err != nil {
 		return usagef("cannot write %s: %v", *out, err)
 	}
-	if err := errors.Join(sqlscript.Write(f, plan, t.cfg.VersionTable), f.Close()); err != nil {
+	if err := errors.Join(sqlscript.Write(f, plan), f.Close()); err != nil {
 		return fmt.Errorf("sql: write %s: %w", *out, err)
 	}
 	fmt.Fprintf(env.Stderr, "harness: wrote %s: %d migration(s), goose version %d -> %d of schema %s; run it with psql -v ON_ERROR_STOP=1 --single-transaction -f %s \"$DSN\"\n",

@@ -110,12 +110,7 @@ func refuse(format string, args ...any) error { return &Refusal{Reason: fmt.Spri
 // (the one `harness migrate` takes) so it never races a runner, and does all
 // its work in one transaction.
 func Run(ctx context.Context, db *sql.DB, opts Options) (*Result, error) {
-	if opts.Schema == "" {
-		opts.Schema = migrate.DefaultSchema
-	}
-	if opts.VersionTable == "" {
-		opts.VersionTable = migrate.VersionTable
-	}
+	opts.Schema, opts.VersionTable = migrate.Names(opts.Schema, opts.VersionTable)
 	qtable := pgx.Identifier{opts.Schema, opts.VersionTable}.Sanitize()
 	res := &Result{Schema: opts.Schema, VersionTable: qtable, Goose: -1, DryRun: opts.DryRun}
 	say := func(format string, args ...any) { res.Lines = append(res.Lines, fmt.Sprintf(format, args...)) }

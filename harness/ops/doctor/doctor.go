@@ -154,12 +154,7 @@ type Querier interface {
 
 // Check inspects opts.Schema through q. It changes nothing.
 func Check(ctx context.Context, q Querier, opts Options) (*Report, error) {
-	if opts.Schema == "" {
-		opts.Schema = migrate.DefaultSchema
-	}
-	if opts.VersionTable == "" {
-		opts.VersionTable = migrate.VersionTable
-	}
+	opts.Schema, opts.VersionTable = migrate.Names(opts.Schema, opts.VersionTable)
 	if opts.MaxAttempts <= 0 {
 		opts.MaxAttempts = 10
 	}

@@ -58,13 +58,9 @@ func (s *State) AppliedAt(version int64) (time.Time, bool) {
 	return time.Time{}, false
 }
 
-// readState reads schema's goose table (table: VersionTable when empty)
-// through db. It only reads: a missing schema or table is reported in
-// State, not created.
+// readState reads schema's goose table through db. It only reads: a
+// missing schema or table is reported in State, not created.
 func readState(ctx context.Context, db *sql.DB, schema, table string) (*State, error) {
-	if table == "" {
-		table = VersionTable
-	}
 	st := &State{Schema: schema}
 	err := db.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1),
 		EXISTS (SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $1 AND c.relname = $2)`,
@@ -100,22 +96,16 @@ func readState(ctx context.Context, db *sql.DB, schema, table string) (*State, e
 // but what needs no write: a direct connection and, when the schema has
 // duroxide-pg's objects, that it was adopted (ErrNeedsBaseline otherwise).
 func Inspect(ctx context.Context, dsn string, opts Options) (*State, error) {
-	if opts.Schema == "" {
-		opts.Schema = DefaultSchema
-	}
+	opts.Schema, opts.VersionTable = Names(opts.Schema, opts.VersionTable)
 	db, err := openDirect(ctx, dsn, opts.Schema, opts.Role)
 	if err != nil {
 		return nil, err
 	}
 	defer db.Close()
-	table := opts.VersionTable
-	if table == "" {
-		table = VersionTable
-	}
-	if err := checkAdopted(ctx, db, opts.Schema, table); err != nil {
+	if _, err := CheckAdopted(ctx, db, opts.Schema, opts.VersionTable); err != nil {
 		return nil, err
 	}
-	return readState(ctx, db, opts.Schema, table)
+	return readState(ctx, db, opts.Schema, opts.VersionTable)
 }
 
 // Source is one migration file of a pack.
@@ -124,11 +114,20 @@ type Source struct {
 	Path    string
 }
 
-// Sources lists the migrations of fsys (the embedded pack when nil), in
-// version order, as goose names them: NNNN_name.sql.
+// Sources lists the migrations of fsys in version order, as goose names
+// them: NNNN_name.sql. For the embedded pack (fsys nil) they are the ones
+// migrations.Pack reads.
 func Sources(fsys fs.FS) ([]Source, error) {
 	if fsys == nil {
-		fsys = migrations.FS
+		pack, err := migrations.Pack()
+		if err != nil {
+			return nil, err
+		}
+		out := make([]Source, len(pack))
+		for i, m := range pack {
+			out[i] = Source{Version: m.Version, Path: m.File}
+		}
+		return out, nil
 	}
 	names, err := fs.Glob(fsys, "*.sql")
 	if err != nil {

@@ -62,14 +62,9 @@ var ErrNeedsBaseline = errors.New("schema was created by duroxide-pg's own runne
 // Open connects to dsn, creates the target schema if it does not exist and
 // prepares a goose provider over the pack's migrations.
 func Open(ctx context.Context, dsn string, opts Options) (*Runner, error) {
-	if opts.Schema == "" {
-		opts.Schema = DefaultSchema
-	}
+	opts.Schema, opts.VersionTable = Names(opts.Schema, opts.VersionTable)
 	if opts.FS == nil {
 		opts.FS = migrations.FS
-	}
-	if opts.VersionTable == "" {
-		opts.VersionTable = VersionTable
 	}
 	db, err := openDirect(ctx, dsn, opts.Schema, opts.Role)
 	if err != nil {
@@ -81,7 +76,7 @@ func Open(ctx context.Context, dsn string, opts Options) (*Runner, error) {
 			db.Close()
 		}
 	}()
-	if err := checkAdopted(ctx, db, opts.Schema, opts.VersionTable); err != nil {
+	if _, err := CheckAdopted(ctx, db, opts.Schema, opts.VersionTable); err != nil {
 		return nil, err
 	}
 	// Only a missing schema is created: CREATE SCHEMA IF NOT EXISTS needs
@@ -141,24 +136,6 @@ func openDirect(ctx context.Context, dsn, schema, role string) (*sql.DB, error) 
 // checkOwner is CheckOwner on the runner's schema, before any change.
 func (r *Runner) checkOwner(ctx context.Context) error {
 	return CheckOwner(ctx, r.db, r.schema)
-}
-
-// checkAdopted refuses a schema that has duroxide-pg's bookkeeping table but
-// not goose's.
-func checkAdopted(ctx context.Context, db *sql.DB, schema, versionTable string) error {
-	var upstream, goose bool
-	err := db.QueryRowContext(ctx, `SELECT
-		EXISTS (SELECT 1 FROM pg_tables WHERE schemaname = $1 AND tablename = '_duroxide_migrations'),
-		EXISTS (SELECT 1 FROM pg_tables WHERE schemaname = $1 AND tablename = $2)`,
-		schema, versionTable).Scan(&upstream, &goose)
-	if err != nil {
-		return fmt.Errorf("look for the bookkeeping tables of schema %s: %w", schema, err)
-	}
-	if upstream && !goose {
-		return fmt.Errorf("%w: schema %s has duroxide-pg's _duroxide_migrations but no goose table %s; nothing was changed. Adopt it first: `harness baseline --schema %s --dry-run`, then without --dry-run",
-			ErrNeedsBaseline, schema, versionTable, schema)
-	}
-	return nil
 }
 
 // SearchPath is the search_path the migrations run under: the target schema
@@ -254,7 +231,8 @@ func (r *Runner) Version(ctx context.Context) (int64, error) {
 	return v, wrapErr("version", err)
 }
 
-// Latest is the newest version the pack has.
+// Latest is the newest version among the runner's migrations (Options.FS);
+// for the embedded pack it is migrations.Latest().
 func (r *Runner) Latest() int64 {
 	var v int64
 	for _, s := range r.provider.ListSources() {

@@ -42,6 +42,8 @@ type Options struct {
 // Plan is what a script does.
 type Plan struct {
 	Schema string
+	// VersionTable is goose's table in Schema.
+	VersionTable string
 	// From is the schema's goose version now (0 when goose has no table
 	// yet, which the script then creates).
 	From int64
@@ -69,13 +71,8 @@ type Querier interface {
 // `harness migrate`, a schema that duroxide-pg's own runner made and that
 // was never baselined, and a target the pack does not have.
 func Read(ctx context.Context, q Querier, opts Options) (Plan, error) {
-	if opts.Schema == "" {
-		opts.Schema = migrate.DefaultSchema
-	}
-	if opts.VersionTable == "" {
-		opts.VersionTable = migrate.VersionTable
-	}
-	p := Plan{Schema: opts.Schema, Down: opts.Down, Role: opts.Role}
+	opts.Schema, opts.VersionTable = migrate.Names(opts.Schema, opts.VersionTable)
+	p := Plan{Schema: opts.Schema, VersionTable: opts.VersionTable, Down: opts.Down, Role: opts.Role}
 	latest := migrations.Latest()
 	if opts.Target == 0 && !opts.Down {
 		opts.Target = latest
@@ -83,16 +80,9 @@ func Read(ctx context.Context, q Querier, opts Options) (Plan, error) {
 	if opts.Target < 0 || opts.Target > latest {
 		return p, fmt.Errorf("%w: %d (the pack has 1..%d)", migrate.ErrNoSuchVersion, opts.Target, latest)
 	}
-	var upstream, goose bool
-	if err := q.QueryRowContext(ctx, `SELECT
-		EXISTS (SELECT 1 FROM pg_tables WHERE schemaname = $1 AND tablename = '_duroxide_migrations'),
-		EXISTS (SELECT 1 FROM pg_tables WHERE schemaname = $1 AND tablename = $2)`,
-		opts.Schema, opts.VersionTable).Scan(&upstream, &goose); err != nil {
-		return p, fmt.Errorf("look for the bookkeeping tables of schema %s: %w", opts.Schema, err)
-	}
-	if upstream && !goose {
-		return p, fmt.Errorf("%w: schema %s has duroxide-pg's _duroxide_migrations but no goose table %s. Adopt it first: `harness baseline --schema %s --dry-run`, then without --dry-run",
-			migrate.ErrNeedsBaseline, opts.Schema, opts.VersionTable, opts.Schema)
+	goose, err := migrate.CheckAdopted(ctx, q, opts.Schema, opts.VersionTable)
+	if err != nil {
+		return p, err
 	}
 	p.NewVersionTable = !goose
 	if goose {
@@ -120,12 +110,9 @@ func Read(ctx context.Context, q Querier, opts Options) (Plan, error) {
 	return p, nil
 }
 
-// Write writes the script of p, for goose's table versionTable (empty:
-// migrate.VersionTable).
-func Write(w io.Writer, p Plan, versionTable string) error {
-	if versionTable == "" {
-		versionTable = migrate.VersionTable
-	}
+// Write writes the script of p.
+func Write(w io.Writer, p Plan) error {
+	versionTable := p.VersionTable
 	schema := pgx.Identifier{p.Schema}.Sanitize()
 	table := pgx.Identifier{versionTable}.Sanitize()
 	verb := "up"

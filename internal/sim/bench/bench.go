@@ -3,7 +3,7 @@
 // just before the fix against the fix (both read from sql/, see Versions),
 // on one PostgreSQL server, both versions in the same run: every scenario
 // is run round after round, before then after in each round (and the bare
-// queue baseline after them where there is one), and the report gives the
+// queue after them where there is one), and the report gives the
 // median over the rounds of each figure and the ratio after/before.
 // Numbers of different runs are never compared.
 //
@@ -17,7 +17,7 @@
 //     repro's (dispatch.Calibrate: hotLockTimeoutFactor x one uncontended
 //     fetch of the hot instance);
 //   - queue_only: 2000 instances without history, N = 1 and 8, plus the
-//     bare single-statement dequeue (baseline.go) on the same tables;
+//     bare single-statement dequeue (bare.go) on the same tables;
 //   - migrate: the wall time of Up from 0 to each of the two versions on a
 //     fresh database;
 //   - worker: the worker queue before and after the pack's worker fixes
@@ -94,9 +94,11 @@ type Config struct {
 
 	HotHistory     int `json:"hot_history_events"`
 	HotDispatchers int `json:"hot_dispatchers"`
-	// HotLockTimeout is the hot scenario's lock timeout; 0 (the default)
-	// calibrates it at start, like the organic repro (repro.Calibrate).
-	HotLockTimeout time.Duration `json:"-"`
+	// HotLockTimeout is the hot scenario's lock timeout, unless
+	// CalibrateHotLockTimeout (the default) measures it at start, like the
+	// organic repro (dispatch.Calibrate); it must then be 0.
+	HotLockTimeout          time.Duration `json:"-"`
+	CalibrateHotLockTimeout bool          `json:"-"`
 
 	QueueInstances   int           `json:"queue_instances"`
 	QueueDispatchers []int         `json:"queue_dispatchers"`
@@ -147,7 +149,7 @@ type Config struct {
 
 	// EventBytes is the approximate size of one seeded history event.
 	EventBytes int `json:"event_bytes"`
-	// PollInterval is the dispatchers' (and the baseline workers') minimum
+	// PollInterval is the dispatchers' (and the bare workers') minimum
 	// poll interval.
 	PollInterval time.Duration `json:"-"`
 }
@@ -169,7 +171,7 @@ func Defaults() Config {
 		BacklogLockTimeout:              100 * time.Millisecond,
 		HotHistory:                      5000,
 		HotDispatchers:                  16,
-		HotLockTimeout:                  0, // calibrated at start
+		CalibrateHotLockTimeout:         true,
 		QueueInstances:                  2000,
 		QueueDispatchers:                []int{1, 8},
 		QueueLockTimeout:                100 * time.Millisecond,
@@ -196,9 +198,11 @@ func Defaults() Config {
 	}
 }
 
-// WithDefaults fills the zero fields from Defaults: every field of Config
-// is a count or a duration, which takes the default when it is <= 0, or a
-// list, which takes it when it is nil (an empty list is taken as given).
+// WithDefaults fills the unset fields from Defaults: a count or a
+// duration takes the default when it is 0 (a negative one stays, for
+// Validate to reject), a list when it is nil (an empty list is taken as
+// given). The hot lock timeout is unset when neither HotLockTimeout nor
+// CalibrateHotLockTimeout is; it then takes Defaults' calibration.
 func (c Config) WithDefaults() Config {
 	d := reflect.ValueOf(Defaults())
 	v := reflect.ValueOf(&c).Elem()
@@ -206,18 +210,35 @@ func (c Config) WithDefaults() Config {
 		f := v.Field(i)
 		switch f.Kind() {
 		case reflect.Int, reflect.Int64:
-			if f.Int() <= 0 {
+			if f.Int() == 0 {
 				f.Set(d.Field(i))
 			}
 		case reflect.Slice:
 			if f.IsNil() {
 				f.Set(d.Field(i))
 			}
+		case reflect.Bool:
+			// CalibrateHotLockTimeout, below.
 		default:
-			panic("bench: Config." + v.Type().Field(i).Name + " is neither a count, a duration nor a list")
+			panic("bench: Config." + v.Type().Field(i).Name + " is neither a count, a duration, a list nor a switch")
 		}
 	}
+	if c.HotLockTimeout == 0 {
+		c.CalibrateHotLockTimeout = true
+	}
 	return c
+}
+
+// negativeField names the first count or duration of c below 0 ("" when
+// none is).
+func (c Config) negativeField() string {
+	v := reflect.ValueOf(c)
+	for i := range v.NumField() {
+		if f := v.Field(i); (f.Kind() == reflect.Int || f.Kind() == reflect.Int64) && f.Int() < 0 {
+			return v.Type().Field(i).Name
+		}
+	}
+	return ""
 }
 
 // Validate rejects a config that cannot run.
@@ -235,13 +256,24 @@ func (c Config) Validate() error {
 	if c.Duration < 10*time.Millisecond {
 		return fmt.Errorf("bench: a cell of %v is too short", c.Duration)
 	}
+	switch {
+	case c.CalibrateHotLockTimeout && c.HotLockTimeout != 0:
+		return fmt.Errorf("bench: HotLockTimeout %v with CalibrateHotLockTimeout: give one", c.HotLockTimeout)
+	case c.has(Hot) && !c.CalibrateHotLockTimeout && c.HotLockTimeout < time.Millisecond:
+		return fmt.Errorf("bench: HotLockTimeout %v: give at least 1ms, or CalibrateHotLockTimeout", c.HotLockTimeout)
+	}
 	if c.has(Runtime) {
 		if err := c.validateRuntime(); err != nil {
 			return err
 		}
 	}
 	if c.has(scale) {
-		return c.validateScale()
+		if err := c.validateScale(); err != nil {
+			return err
+		}
+	}
+	if f := c.negativeField(); f != "" {
+		return fmt.Errorf("bench: Config.%s must not be negative", f)
 	}
 	return nil
 }
@@ -299,7 +331,7 @@ type Result struct {
 	// latest schema, the pack's previous fix and its latest.
 	Runtime *RuntimeBench `json:"runtime,omitempty"`
 	// HotCalibration is the measurement behind the hot scenario's lock
-	// timeout, when it was calibrated (Config.HotLockTimeout 0).
+	// timeout, when it was calibrated (Config.CalibrateHotLockTimeout).
 	HotCalibration *dispatch.Calibration `json:"hot_calibration,omitempty"`
 	Targets        []Target              `json:"targets"`
 }
@@ -409,7 +441,7 @@ func Run(ctx context.Context, srv *pgtest.Server, cfg Config, progress func(Prog
 		progress(Progress{Step: step, Steps: cfg.Steps(), Round: round, Rounds: cfg.Rounds, Label: label, Elapsed: time.Since(start)})
 	}
 
-	// Schemas: one per dispatcher scenario and version, plus the baseline's.
+	// Schemas: one per dispatcher scenario and version, plus the bare queue's.
 	type key struct {
 		scenario string
 		side     string
@@ -455,12 +487,12 @@ func Run(ctx context.Context, srv *pgtest.Server, cfg Config, progress func(Prog
 		}
 	}
 	if cfg.has(queueOnly) {
-		if err := prep(queueOnly, sideBaseline, fixVersion, queueConfig(cfg, 1), true); err != nil {
+		if err := prep(queueOnly, sideBare, fixVersion, queueConfig(cfg, 1), true); err != nil {
 			return res, err
 		}
 	}
 
-	if cfg.has(Hot) && cfg.HotLockTimeout == 0 {
+	if cfg.has(Hot) && cfg.CalibrateHotLockTimeout {
 		progress(Progress{Steps: cfg.Steps(), Rounds: cfg.Rounds, Label: "calibrating the hot lock timeout", Elapsed: time.Since(start)})
 		cal, err := calibrateHot(ctx, dsn, schemas[key{Hot, sideBefore}], cfg)
 		if err != nil {
@@ -509,12 +541,12 @@ func Run(ctx context.Context, srv *pgtest.Server, cfg Config, progress func(Prog
 					return res, err
 				}
 				c := cellOf[(&Cell{Scenario: queueOnly, Dispatchers: n}).Name()]
-				note(round, c.Name()+" baseline")
-				sample, err := runBaselineCell(ctx, dsn, schemas[key{queueOnly, sideBaseline}], n, cfg, cpu)
+				note(round, c.Name()+" bare")
+				sample, err := runBareCell(ctx, dsn, schemas[key{queueOnly, sideBare}], n, cfg, cpu)
 				if err != nil {
-					return res, fmt.Errorf("bench: %s baseline round %d: %w", c.Name(), round, err)
+					return res, fmt.Errorf("bench: %s bare round %d: %w", c.Name(), round, err)
 				}
-				c.record(round, sideBaseline, sample)
+				c.record(round, sideBare, sample)
 			}
 		}
 		if cfg.has(Migrate) {
@@ -702,12 +734,12 @@ func runDispatch(ctx context.Context, dsn string, p prepared, dcfg dispatch.Conf
 	return s, nil
 }
 
-func runBaselineCell(ctx context.Context, dsn string, p prepared, n int, cfg Config, cpu *serverCPU) (Sample, error) {
+func runBareCell(ctx context.Context, dsn string, p prepared, n int, cfg Config, cpu *serverCPU) (Sample, error) {
 	if err := reset(ctx, dsn, p); err != nil {
 		return Sample{}, err
 	}
 	w := cpu.begin()
-	s, err := runBaseline(ctx, dsn, p.schema, n, cfg.Duration, cfg.QueueLockTimeout, cfg.PollInterval)
+	s, err := runBare(ctx, dsn, p.schema, n, cfg.Duration, cfg.QueueLockTimeout, cfg.PollInterval)
 	if err != nil {
 		return Sample{}, err
 	}
@@ -799,12 +831,12 @@ func evaluateTargets(r *Result) []Target {
 		}
 	}
 	out = append(out, hot)
-	q := Target{Name: "queue_only N=1: cycles/s, after vs bare baseline", Want: ">= 0.50x", Got: "not measured"}
+	q := Target{Name: "queue_only N=1: cycles/s, after vs bare queue", Want: ">= 0.50x", Got: "not measured"}
 	if c := r.Cell(queueOnly, 1); c != nil {
-		if f := c.Figure("cycles_per_s"); f != nil && f.RatioToBaseline != nil {
+		if f := c.Figure("cycles_per_s"); f != nil && f.RatioToBare != nil {
 			q.Measured = true
-			q.Met = *f.RatioToBaseline >= 0.5
-			q.Got = fmt.Sprintf("%.2fx (%s vs %s)", *f.RatioToBaseline, num(f.After), num(f.Baseline))
+			q.Met = *f.RatioToBare >= 0.5
+			q.Got = fmt.Sprintf("%.2fx (%s vs %s)", *f.RatioToBare, num(f.After), num(f.Bare))
 		}
 	}
 	out = append(out, q)

@@ -80,7 +80,7 @@ func TestParseStat(t *testing.T) {
 }
 
 // synthetic is a result with known figures: backlog N=1 and 8, hot, queue
-// N=1 with a baseline, migrate; 3 rounds each.
+// N=1 with the bare queue, migrate; 3 rounds each.
 func synthetic() *Result {
 	cfg := Defaults()
 	cfg.BacklogDispatchers = []int{1, 8}
@@ -97,7 +97,7 @@ func synthetic() *Result {
 			c.Rounds = append(c.Rounds, roundSample{Round: i + 1, Side: sideBefore, Sample: before[i]},
 				roundSample{Round: i + 1, Side: sideAfter, Sample: after[i]})
 			if base != nil {
-				c.Rounds = append(c.Rounds, roundSample{Round: i + 1, Side: sideBaseline, Sample: base[i]})
+				c.Rounds = append(c.Rounds, roundSample{Round: i + 1, Side: sideBare, Sample: base[i]})
 			}
 		}
 		c.computeFigures()
@@ -135,8 +135,8 @@ func TestFiguresAndTargets(t *testing.T) {
 	require.Equal(t, 0.0, *hot.Before)
 	require.Nil(t, hot.Ratio)
 	q := r.Cell(queueOnly, 1).Figure("cycles_per_s")
-	require.Equal(t, 950.0, *q.Baseline)
-	require.InDelta(t, 385.0/950, *q.RatioToBaseline, 1e-9)
+	require.Equal(t, 950.0, *q.Bare)
+	require.InDelta(t, 385.0/950, *q.RatioToBare, 1e-9)
 	m := r.Cell(Migrate, 0).Figure("wall_ms")
 	require.InDelta(t, 105.0/100, *m.Ratio, 1e-9)
 
@@ -152,7 +152,7 @@ func TestFiguresAndTargets(t *testing.T) {
 	require.Contains(t, byName["hot: cycles/s, after vs before"].Got, "unbounded")
 	require.False(t, byName["hot: dead-on-arrival leases after the fix"].Met, "one round had a dead lease")
 	require.Equal(t, "0, 1, 0 per round (1 of 0 fetches)", byName["hot: dead-on-arrival leases after the fix"].Got)
-	require.False(t, byName["queue_only N=1: cycles/s, after vs bare baseline"].Met)
+	require.False(t, byName["queue_only N=1: cycles/s, after vs bare queue"].Met)
 }
 
 func TestReportRendering(t *testing.T) {
@@ -161,8 +161,8 @@ func TestReportRendering(t *testing.T) {
 	var out bytes.Buffer
 	require.NoError(t, PrintTable(&out, r))
 	text := out.String()
-	for _, want := range []string{"backlog N=8", "completed cycles/s", "20.00x", "baseline", "0.41x", "[MISS]", "[ met]", "migrate Up 0->N", "1.05x",
-		"after/before", "after/baseline", fmt.Sprintf("before (schema %d) and after (schema %d)", bug, fix)} {
+	for _, want := range []string{"backlog N=8", "completed cycles/s", "20.00x", "bare", "0.41x", "[MISS]", "[ met]", "migrate Up 0->N", "1.05x",
+		"after/before", "after/bare", fmt.Sprintf("before (schema %d) and after (schema %d)", bug, fix)} {
 		require.Contains(t, text, want)
 	}
 
@@ -171,7 +171,7 @@ func TestReportRendering(t *testing.T) {
 	md, err := os.ReadFile(filepath.Join(dir, ReportFile))
 	require.NoError(t, err)
 	for _, want := range []string{fmt.Sprintf("# Benchmark: schema %d against %d", bug, fix), "## Targets", "](throughput.svg)", "### backlog", "### queue_only",
-		"| cell | figure | before | after | after/before | baseline | after/baseline |",
+		"| cell | figure | before | after | after/before | bare | after/bare |",
 		"| backlog N=8 | completed cycles/s | 5 | 100 | 20.00x |", "## Per round", "| hot N=16 | before | 0 | 0 | 0.40 |",
 		fmt.Sprintf("wall time of Up 0 -> %d (before column) and 0 -> %d (after column)", bug, fix)} {
 		require.Contains(t, string(md), want)
@@ -192,11 +192,11 @@ func TestReportRendering(t *testing.T) {
 		require.Contains(t, back, k)
 	}
 	for _, k := range []string{`"before"`, `"after"`, `"ratio_after_before"`, `"cycles_per_s"`, `"fetch_p99_ms"`, `"empty_fetch_p99_ms"`, `"dead_on_arrival"`,
-		`"ack_failures"`, `"max_attempt_count"`, `"server_cpu_s"`, `"ratio_after_baseline"`, `"backlog_dispatchers"`, `"cell_duration_s"`,
+		`"ack_failures"`, `"max_attempt_count"`, `"server_cpu_s"`, `"ratio_after_bare"`, `"backlog_dispatchers"`, `"cell_duration_s"`,
 		fmt.Sprintf(`"before_version": %d`, bug), fmt.Sprintf(`"after_version": %d`, fix), `"side": "before"`, `"side": "after"`} {
 		require.Contains(t, string(raw), k)
 	}
-	for _, gone := range []string{`"v19"`, `"v20"`, `"ratio_20_19"`, `"ratio_20_baseline"`} {
+	for _, gone := range []string{`"v19"`, `"v20"`, `"ratio_20_19"`, `"ratio_20_baseline"`, `"ratio_after_baseline"`} {
 		require.NotContains(t, string(raw), gone, "the JSON names sides, not versions")
 	}
 }
@@ -213,6 +213,9 @@ func TestConfigValidate(t *testing.T) {
 	c = Defaults()
 	c.RuntimeUncontended = -1
 	require.ErrorContains(t, c.Validate(), "uncontended")
+	c = Defaults()
+	c.HotLockTimeout = time.Second
+	require.ErrorContains(t, c.Validate(), "give one", "a fixed hot lock timeout and calibration at once")
 	c = Defaults()
 	c.RuntimeOrchestrations = []int{100}
 	require.ErrorContains(t, c.Validate(), "as many worker concurrencies and orchestration counts")
@@ -272,8 +275,8 @@ func TestSmokeRun(t *testing.T) {
 		require.Equal(t, 0.0, *c.Figure("ack_failures").After, c.Name())
 	}
 	q := res.Cell(queueOnly, 1).Figure("cycles_per_s")
-	require.NotNil(t, q.Baseline)
-	require.Greater(t, *q.Baseline, 0.0)
+	require.NotNil(t, q.Bare)
+	require.Greater(t, *q.Bare, 0.0)
 	require.Len(t, res.Scale, 7, "spread K=10 and 100, idle, fan-in K=10 and 100, completed C=0 and 20")
 	require.Len(t, res.Targets, 6+4+4+1, "the dispatcher targets, then scale: K growth x4, never slower x4, flat over completed")
 
@@ -284,10 +287,17 @@ func TestSmokeRun(t *testing.T) {
 
 func TestWithDefaultsFillsEveryZeroFieldAndKeepsGivenLists(t *testing.T) {
 	require.Equal(t, Defaults(), Config{}.WithDefaults(), "an empty config is the full benchmark")
-	c := Config{Rounds: -1, HotDispatchers: 4, QueueDispatchers: []int{}, Duration: time.Second}.WithDefaults()
-	require.Equal(t, Defaults().Rounds, c.Rounds, "a count <= 0 takes the default")
+	c := Config{Rounds: 0, HotDispatchers: 4, QueueDispatchers: []int{}, Duration: time.Second}.WithDefaults()
+	require.Equal(t, Defaults().Rounds, c.Rounds, "a zero count takes the default")
 	require.Equal(t, 4, c.HotDispatchers, "a count given stays")
 	require.Equal(t, time.Second, c.Duration, "a duration given stays")
 	require.Empty(t, c.QueueDispatchers, "an empty list is taken as given")
 	require.Equal(t, Defaults().BacklogDispatchers, c.BacklogDispatchers, "a nil list takes the default")
+	require.True(t, c.CalibrateHotLockTimeout, "no hot lock timeout given: calibrated, as by default")
+	neg := Config{Rounds: -1}.WithDefaults()
+	require.Equal(t, -1, neg.Rounds, "a negative count is not replaced")
+	require.EqualError(t, neg.Validate(), "bench: Config.Rounds must not be negative")
+	fixed := Config{HotLockTimeout: time.Second}.WithDefaults()
+	require.False(t, fixed.CalibrateHotLockTimeout, "a hot lock timeout given is used as given")
+	require.NoError(t, fixed.Validate())
 }

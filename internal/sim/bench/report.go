@@ -63,28 +63,28 @@ func withUnit(v *float64, unit string) string {
 }
 
 // figureHeader is the header of a table of figureRows.
-func figureHeader(withBaseline bool) []string {
+func figureHeader(withBare bool) []string {
 	header := []string{"cell", "figure", sideBefore, sideAfter, sideAfter + "/" + sideBefore}
-	if withBaseline {
-		header = append(header, sideBaseline, sideAfter+"/"+sideBaseline)
+	if withBare {
+		header = append(header, sideBare, sideAfter+"/"+sideBare)
 	}
 	return header
 }
 
 // figureRows are the table rows of one cell's figures: the cell's name on
 // the first row only, the figure's label (from label), the medians before
-// and after, their ratio, and with withBaseline the baseline and the ratio
+// and after, their ratio, and with withBare the bare and the ratio
 // to it (empty where the figure has none).
-func figureRows(name string, figs []Figure, label func(key string) string, withBaseline bool) [][]string {
+func figureRows(name string, figs []Figure, label func(key string) string, withBare bool) [][]string {
 	var rows [][]string
 	for j, f := range figs {
 		if j > 0 {
 			name = ""
 		}
 		row := []string{name, label(f.Key), withUnit(f.Before, f.Unit), withUnit(f.After, f.Unit), ratioText(f.Ratio, f.After, f.Before)}
-		if withBaseline {
-			if f.Baseline != nil {
-				row = append(row, withUnit(f.Baseline, f.Unit), ratioText(f.RatioToBaseline, f.After, f.Baseline))
+		if withBare {
+			if f.Bare != nil {
+				row = append(row, withUnit(f.Bare, f.Unit), ratioText(f.RatioToBare, f.After, f.Bare))
 			} else {
 				row = append(row, "", "")
 			}
@@ -95,12 +95,12 @@ func figureRows(name string, figs []Figure, label func(key string) string, withB
 }
 
 // tableRows are the rows of the stdout table and of the report.
-func tableRows(cells []Cell, withBaseline bool) (header []string, rows [][]string) {
+func tableRows(cells []Cell, withBare bool) (header []string, rows [][]string) {
 	defs := dispatchFigures()
 	for i := range cells {
-		rows = append(rows, figureRows(cells[i].Name(), cells[i].Figures, func(key string) string { return labelIn(defs, key) }, withBaseline)...)
+		rows = append(rows, figureRows(cells[i].Name(), cells[i].Figures, func(key string) string { return labelIn(defs, key) }, withBare)...)
 	}
-	return figureHeader(withBaseline), rows
+	return figureHeader(withBare), rows
 }
 
 // printRows writes header and rows as aligned text, a blank line before
@@ -138,10 +138,10 @@ func (r *Result) compared() (before, after int64) {
 	return Versions()
 }
 
-func hasBaseline(r *Result) bool {
+func hasBare(r *Result) bool {
 	for _, c := range r.Cells {
 		for _, f := range c.Figures {
-			if f.Baseline != nil {
+			if f.Bare != nil {
 				return true
 			}
 		}
@@ -162,7 +162,7 @@ func PrintTable(w io.Writer, r *Result) error {
 		before, after, r.Settings.Rounds, secs(r.Settings.DurationS), r.Server.Version, r.Server.Backend)
 	if len(r.Cells) > 0 {
 		fmt.Fprintln(w)
-		header, rows := tableRows(r.Cells, hasBaseline(r))
+		header, rows := tableRows(r.Cells, hasBare(r))
 		if err := printRows(w, header, rows); err != nil {
 			return err
 		}
@@ -261,7 +261,7 @@ func markdown(r *Result, plot string) string {
 			s.BacklogInstances, s.BacklogHistory, s.EventBytes, s.BacklogLockTimeoutMs),
 		Hot: fmt.Sprintf("one instance with a %d-event history that always has a message, %d dispatchers, lock timeout %d ms%s.",
 			s.HotHistory, s.HotDispatchers, s.HotLockTimeoutMs, hotCalibrationText(r)),
-		queueOnly: fmt.Sprintf("%d instances without history, lock timeout %d ms; baseline: the bare single-statement dequeue (UPDATE ... WHERE id = (SELECT ... FOR UPDATE SKIP LOCKED LIMIT 1), DELETE + INSERT of the next message as the ack) on the same tables.",
+		queueOnly: fmt.Sprintf("%d instances without history, lock timeout %d ms; bare: the bare single-statement dequeue (UPDATE ... WHERE id = (SELECT ... FOR UPDATE SKIP LOCKED LIMIT 1), DELETE + INSERT of the next message as the ack) on the same tables.",
 			s.QueueInstances, s.QueueLockTimeoutMs),
 		Migrate: fmt.Sprintf("wall time of Up 0 -> %d (%s column) and 0 -> %d (%s column), each on a fresh database.",
 			before, sideBefore, after, sideAfter),
@@ -302,7 +302,7 @@ func markdown(r *Result, plot string) string {
 			key = "wall_ms"
 		}
 		def := defByKey(dispatchFigures(), key)
-		for _, side := range []string{sideBefore, sideAfter, sideBaseline} {
+		for _, side := range []string{sideBefore, sideAfter, sideBare} {
 			var vals []string
 			for _, rs := range c.Rounds {
 				if rs.Side == side {

@@ -261,10 +261,10 @@ func TestHotLockTimeoutIsCalibratedAtStart(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	cfg := smokeConfig()
-	cfg.Scenarios, cfg.HotLockTimeout = []string{Hot}, 0
+	cfg.Scenarios, cfg.HotLockTimeout, cfg.CalibrateHotLockTimeout = []string{Hot}, 0, true
 	res, err := Run(ctx, s, cfg, nil)
 	require.NoError(t, err)
-	require.NotNil(t, res.HotCalibration, "a zero hot lock timeout is calibrated")
+	require.NotNil(t, res.HotCalibration, "the hot lock timeout is calibrated")
 	require.Equal(t, res.HotCalibration.LockTimeoutMs, res.Settings.HotLockTimeoutMs)
 	require.Equal(t, res.HotCalibration.LockTimeoutMs, res.Cell(Hot, cfg.HotDispatchers).LockTimeoutMs, "the hot cell runs with it")
 	var out bytes.Buffer

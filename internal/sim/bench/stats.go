@@ -209,10 +209,10 @@ type Figure struct {
 	After  *float64 `json:"after"`
 	// Ratio is After/Before.
 	Ratio *float64 `json:"ratio_after_before"`
-	// Baseline is the bare single-statement queue's median (queue-only
-	// cells only) and RatioToBaseline After/Baseline.
-	Baseline        *float64 `json:"baseline,omitempty"`
-	RatioToBaseline *float64 `json:"ratio_after_baseline,omitempty"`
+	// Bare is the bare single-statement queue's median (queue-only
+	// cells only) and RatioToBare After/Bare.
+	Bare        *float64 `json:"bare,omitempty"`
+	RatioToBare *float64 `json:"ratio_after_bare,omitempty"`
 }
 
 // Sides of a cell: the schema before the fix, the schema with it, and (in
@@ -220,7 +220,7 @@ type Figure struct {
 const (
 	sideBefore   = "before"
 	sideAfter    = "after"
-	sideBaseline = "baseline"
+	sideBare = "bare"
 )
 
 // Round is one round of one side of a cell, with the sample S it measured.
@@ -245,7 +245,7 @@ type Comparison[S any] struct {
 	Figures       []Figure   `json:"figures"`
 }
 
-// Version is the schema version of side (0 for the baseline).
+// Version is the schema version of side (0 for the bare).
 func (c *Comparison[S]) Version(side string) int64 {
 	switch side {
 	case sideBefore:
@@ -302,9 +302,9 @@ func (c *Comparison[S]) computeFigures(defs []figureDef[S]) {
 		}
 		f := Figure{Key: def.Key, Unit: def.Unit, Before: median(bySide[sideBefore]), After: median(bySide[sideAfter])}
 		f.Ratio = ratio(f.After, f.Before)
-		if len(bySide[sideBaseline]) > 0 {
-			f.Baseline = median(bySide[sideBaseline])
-			f.RatioToBaseline = ratio(f.After, f.Baseline)
+		if len(bySide[sideBare]) > 0 {
+			f.Bare = median(bySide[sideBare])
+			f.RatioToBare = ratio(f.After, f.Bare)
 		}
 		c.Figures = append(c.Figures, f)
 	}

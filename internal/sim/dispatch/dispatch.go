@@ -152,6 +152,8 @@ func (c Config) Validate() error {
 	switch {
 	case c.TurnTime < 0 || c.Skew < 0 || c.ShutdownGrace < 0:
 		return errors.New("dispatch: TurnTime, Skew and ShutdownGrace must not be negative")
+	case c.Dispatchers < 0 || c.Instances < 0 || c.HistoryEvents < 0 || c.EventBytes < 0 || c.MaxAttempts < 0:
+		return errors.New("dispatch: Dispatchers, Instances, HistoryEvents, EventBytes and MaxAttempts must not be negative")
 	}
 	return nil
 }

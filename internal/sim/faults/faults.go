@@ -93,7 +93,7 @@ func (c Config) Validate() error {
 		return fmt.Errorf("faults: %w", err)
 	}
 	switch {
-	case c.KillEvery < 0 || c.StatementTimeout < 0 || c.SessionLockTimeout < 0:
+	case c.KillEvery < 0 || c.StatementTimeout < 0 || c.SessionLockTimeout < 0 || c.CrashPause < 0:
 		return errors.New("faults: durations must not be negative")
 	case c.CrashProb < 0 || c.CrashProb > 1:
 		return fmt.Errorf("faults: CrashProb %v is not in [0, 1]", c.CrashProb)

@@ -9,8 +9,6 @@ import (
 	"path/filepath"
 	"strings"
 
-	"github.com/duroxide-pg/migrations/internal/sim/dispatch"
-	"github.com/duroxide-pg/migrations/internal/sim/worker"
 )
 
 // Kinds are the repros, in the order `harness repro all` runs them and
@@ -19,7 +17,7 @@ func Kinds() []string { return []string{"minimal", "organic", "worker-minimal", 
 
 // OrganicRepro prepares the organic scenario's schemas in the database of
 // dsn (prepareOrganic) and runs it (RunOrganic).
-func OrganicRepro(ctx context.Context, dsn string, cfg dispatch.Config, progress func(string)) (OrganicResult, error) {
+func OrganicRepro(ctx context.Context, dsn string, cfg OrganicConfig, progress func(string)) (OrganicResult, error) {
 	return prepareAndRun(ctx, dsn, "organic repro", prepareOrganic, func(schemas map[int]string) (OrganicResult, error) {
 		return RunOrganic(ctx, dsn, schemas, cfg, progress)
 	})
@@ -27,7 +25,7 @@ func OrganicRepro(ctx context.Context, dsn string, cfg dispatch.Config, progress
 
 // WorkerRepro prepares the worker scenario's schemas in the database of
 // dsn (prepareWorker) and runs it (runWorker).
-func WorkerRepro(ctx context.Context, dsn string, cfg worker.Config, progress func(string)) (WorkerResult, error) {
+func WorkerRepro(ctx context.Context, dsn string, cfg WorkerConfig, progress func(string)) (WorkerResult, error) {
 	return prepareAndRun(ctx, dsn, "worker repro", prepareWorker, func(schemas map[int]string) (WorkerResult, error) {
 		return runWorker(ctx, dsn, schemas, cfg, progress)
 	})

@@ -50,30 +50,43 @@ const (
 // holds 5000 events of ~250 bytes (1.25 MB of JSON per fetch), with one
 // pending message, every turn enqueueing the next; the runtime's 100 ms
 // minimum poll interval and max_attempts 10, no turn time, no clock skew,
-// 10 s per version. The lock timeout is calibrated (LockTimeout 0):
+// 10 s per version. The lock timeout is calibrated (CalibrateLockTimeout):
 // LockTimeoutFactor times the median of 9 uncontended fetches of a hot
 // instance on this machine, now (dispatch.Calibrate).
 //
 // Why these settings, and what they measured: docs/BENCH.md, "The repros'
 // settings".
-func OrganicDefaults() dispatch.Config {
-	return dispatch.Config{
-		Run: simconfig.Run{
-			LockTimeout:  0, // calibrated: LockTimeoutFactor x one uncontended fetch
-			PollInterval: 100 * time.Millisecond,
-			Duration:     10 * time.Second,
+func OrganicDefaults() OrganicConfig {
+	return OrganicConfig{
+		Config: dispatch.Config{
+			Run: simconfig.Run{
+				PollInterval: 100 * time.Millisecond,
+				Duration:     10 * time.Second,
+			},
+			Dispatchers:   32,
+			Instances:     5,
+			HistoryEvents: 5000,
+			EventBytes:    250,
+			MaxAttempts:   10,
 		},
-		Dispatchers:   32,
-		Instances:     5,
-		HistoryEvents: 5000,
-		EventBytes:    250,
-		MaxAttempts:   10,
+		CalibrateLockTimeout: true,
 	}
+}
+
+// OrganicConfig is the organic scenario: the dispatchers' settings, and
+// whether their lock timeout is measured on the machine before the run.
+type OrganicConfig struct {
+	dispatch.Config
+	// CalibrateLockTimeout sets the lock timeout to LockTimeoutFactor x the
+	// median uncontended fetch of a hot instance, measured on the lowest
+	// version's schema before the first run (dispatch.Calibrate); the same
+	// timeout then serves every version. LockTimeout must then be 0.
+	CalibrateLockTimeout bool
 }
 
 // OrganicShort is OrganicDefaults cut to 8 s per version, for the test
 // suite: about 14 s for calibration and both versions.
-func OrganicShort() dispatch.Config {
+func OrganicShort() OrganicConfig {
 	c := OrganicDefaults()
 	c.Duration = 8 * time.Second
 	return c
@@ -106,9 +119,8 @@ type OrganicSettings struct {
 	MaxAttempts    int     `json:"max_attempts"`
 }
 
-// settings echoes cfg.
+// settings echoes cfg, its defaults applied.
 func settings(cfg dispatch.Config) OrganicSettings {
-	cfg = cfg.WithDefaults()
 	return OrganicSettings{
 		Dispatchers: cfg.Dispatchers, Instances: cfg.Instances, HistoryEvents: cfg.HistoryEvents,
 		EventBytes: cfg.EventBytes, LockTimeoutMs: cfg.LockTimeout.Milliseconds(),
@@ -138,19 +150,21 @@ type OrganicResult = Result[OrganicSettings, dispatch.Calibration, dispatch.Summ
 // dsn), in ascending version order, and judges the runs. The schemas must
 // already be migrated to their versions (prepareOrganic does that);
 // RunOrganic checks it, and Seed empties each schema's orchestration tables
-// before its run. A zero cfg.LockTimeout is calibrated first, on the lowest
-// version's schema (dispatch.Calibrate); the same timeout then serves every version.
-// Other zero fields take dispatch's defaults. progress, when not nil,
-// receives one line per step.
-func RunOrganic(ctx context.Context, dsn string, schemas map[int]string, cfg dispatch.Config, progress func(string)) (OrganicResult, error) {
+// before its run. With cfg.CalibrateLockTimeout the lock timeout is
+// calibrated first; zero fields take dispatch's defaults, applied here once.
+// progress, when not nil, receives one line per step.
+func RunOrganic(ctx context.Context, dsn string, schemas map[int]string, cfg OrganicConfig, progress func(string)) (OrganicResult, error) {
 	progress = quiet(progress)
 	versions, err := checkSchemas(ctx, dsn, schemas, "organic", "PrepareOrganic")
 	if err != nil {
 		return OrganicResult{}, err
 	}
 	var cal *dispatch.Calibration
-	if cfg.LockTimeout == 0 {
-		c, err := dispatch.Calibrate(ctx, dsn, schemas[versions[0]], cfg, LockTimeoutFactor)
+	if cfg.CalibrateLockTimeout {
+		if cfg.LockTimeout != 0 {
+			return OrganicResult{}, fmt.Errorf("organic: LockTimeout %v with CalibrateLockTimeout: give one", cfg.LockTimeout)
+		}
+		c, err := dispatch.Calibrate(ctx, dsn, schemas[versions[0]], cfg.Config, LockTimeoutFactor)
 		if err != nil {
 			return OrganicResult{}, err
 		}
@@ -159,15 +173,18 @@ func RunOrganic(ctx context.Context, dsn string, schemas map[int]string, cfg dis
 		progress(fmt.Sprintf("calibration: one uncontended fetch of a hot instance takes %v (median of %d); lock timeout %g x that = %v",
 			c.Fetch.Round(time.Millisecond), c.Samples, c.Factor, c.LockTimeout))
 	}
-	cfg = cfg.WithDefaults()
-	res := OrganicResult{Settings: settings(cfg), Calibration: cal}
+	dcfg, err := simconfig.Ready(cfg.Config)
+	if err != nil {
+		return OrganicResult{}, fmt.Errorf("organic: %w", err)
+	}
+	res := OrganicResult{Settings: settings(dcfg), Calibration: cal}
 	res.Runs, err = runEach(versions, schemas, func(v int, schema string) (organicRun, error) {
-		return runOrganicVersion(ctx, dsn, v, schema, cfg, progress)
+		return runOrganicVersion(ctx, dsn, v, schema, dcfg, progress)
 	})
 	if err != nil {
 		return res, err
 	}
-	shareHistogramAxis(res.Runs, cfg.LockTimeout.Milliseconds(), dispatch.Remaining)
+	shareHistogramAxis(res.Runs, dcfg.LockTimeout.Milliseconds(), dispatch.Remaining)
 	res.Verdict = judge(res.Runs)
 	return res, nil
 }

@@ -119,8 +119,14 @@ func TestOrganicScenarioReproducesAt19AndIsCleanAt20(t *testing.T) {
 	require.NotContains(t, string(b), `"caller_before_ms"`, "events stay out of the JSON")
 
 	// A schema at another version than its key is refused.
-	_, err = repro.RunOrganic(context.Background(), dsn, map[int]string{20: schemas[19]}, dispatch.Config{Run: simconfig.Run{Duration: time.Second}}, nil)
+	_, err = repro.RunOrganic(context.Background(), dsn, map[int]string{20: schemas[19]}, repro.OrganicConfig{Config: dispatch.Config{Run: simconfig.Run{Duration: time.Second}}}, nil)
 	require.ErrorContains(t, err, "is at version 19, not 20")
+
+	// A fixed lock timeout and calibration at once is refused, not guessed.
+	both := repro.OrganicShort()
+	both.LockTimeout = time.Second
+	_, err = repro.RunOrganic(context.Background(), dsn, schemas, both, nil)
+	require.ErrorContains(t, err, "give one")
 }
 
 // Through PgBouncer in transaction pooling mode (the dispatchers connect
@@ -145,7 +151,7 @@ func TestOrganicScenarioThroughPgBouncerInTransactionMode(t *testing.T) {
 // load spike can keep 19's livelock from starting within the run, or stall
 // a process for longer than the lease between its computation and its
 // arrival at 20. So it runs at most twice; a real regression fails both.
-func runOrganicJudged(t *testing.T, dsn string, schemas map[int]string, cfg dispatch.Config) repro.OrganicResult {
+func runOrganicJudged(t *testing.T, dsn string, schemas map[int]string, cfg repro.OrganicConfig) repro.OrganicResult {
 	t.Helper()
 	var res repro.OrganicResult
 	for attempt := 1; attempt <= 2; attempt++ {

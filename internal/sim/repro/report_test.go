@@ -71,7 +71,7 @@ func sampleResult() OrganicResult {
 				LockTimeoutMs: 30, ReturnAgeSamples: 60, ReturnAgeP50Ms: 1, ReturnAgeP99Ms: 2, ReturnAgeMaxMs: 3}},
 	}
 	shareHistogramAxis(runs, 30, dispatch.Remaining)
-	cfg := OrganicDefaults()
+	cfg := OrganicDefaults().WithDefaults()
 	cfg.LockTimeout = 30 * time.Millisecond
 	res := OrganicResult{Settings: settings(cfg), Runs: runs}
 	res.Verdict = judge(runs)

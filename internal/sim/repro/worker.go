@@ -40,7 +40,7 @@ const (
 // with all its owner ids) and calls cleanup_orphaned_sessions every lock
 // timeout. 10 s per version, poll interval 100 ms.
 //
-// The lock timeout T is calibrated (LockTimeout 0): workerLockTimeoutFactor
+// The lock timeout T is calibrated (CalibrateLockTimeout): workerLockTimeoutFactor
 // times the median of 9 uncontended fetch+ack cycles, rounded up to whole
 // seconds (duroxide-pg renews in whole seconds), at least 2 s so that an
 // activity renewed every renewal.Interval(T) (1 s) can outlast it.
@@ -50,26 +50,39 @@ const (
 //
 // Why the skew, and what it does to the sessions: docs/BENCH.md, "The
 // repros' settings".
-func WorkerDefaults() worker.Config {
-	return worker.Config{
-		Run: simconfig.Run{
-			LockTimeout:  0, // calibrated
-			PollInterval: 100 * time.Millisecond,
-			Duration:     10 * time.Second,
+func WorkerDefaults() WorkerConfig {
+	return WorkerConfig{
+		Config: worker.Config{
+			Run: simconfig.Run{
+				PollInterval: 100 * time.Millisecond,
+				Duration:     10 * time.Second,
+			},
+			Runtimes:   4,
+			Slots:      4,
+			Items:      400,
+			Sessions:   8,
+			Tagged:     true,
+			Refill:     true,
+			LongEvery:  8,
+			WatchLocks: true,
 		},
-		Runtimes:   4,
-		Slots:      4,
-		Items:      400,
-		Sessions:   8,
-		Tagged:     true,
-		Refill:     true,
-		LongEvery:  8,
-		WatchLocks: true,
+		CalibrateLockTimeout: true,
 	}
 }
 
+// WorkerConfig is the worker scenario: the workers' settings, and whether
+// their lock timeout is measured on the machine before the run.
+type WorkerConfig struct {
+	worker.Config
+	// CalibrateLockTimeout sets the lock timeout to workerLockTimeoutFactor
+	// x the median uncontended fetch+ack cycle, in whole seconds, at least
+	// WorkerMinLockTimeout, measured on the lowest version's schema before
+	// the first run. LockTimeout must then be 0.
+	CalibrateLockTimeout bool
+}
+
 // workerShort is WorkerDefaults cut to 5 s per version, for the test suite.
-func workerShort() worker.Config {
+func workerShort() WorkerConfig {
 	c := WorkerDefaults()
 	c.Duration = 5 * time.Second
 	return c
@@ -124,7 +137,6 @@ type WorkerSettings struct {
 }
 
 func workerSettings(c worker.Config) WorkerSettings {
-	c = c.WithDefaults()
 	return WorkerSettings{Runtimes: c.Runtimes, Slots: c.Slots, Items: c.Items, Sessions: c.Sessions, Tagged: c.Tagged,
 		LockTimeoutMs: c.LockTimeout.Milliseconds(), SessionLockTimeoutMs: c.SessionLockTimeout.Milliseconds(),
 		ShortActivityMs: c.ShortActivity.Milliseconds(), LongEvery: c.LongEvery,
@@ -171,18 +183,22 @@ type WorkerResult = Result[WorkerSettings, WorkerCalibration, worker.Summary, wo
 
 // runWorker runs the worker scenario cfg (Schema is ignored) against each
 // schema of schemas (version -> schema, migrated: prepareWorker), in
-// ascending version order, and judges the runs. A zero cfg.LockTimeout is
-// calibrated first on the lowest version's schema; zero activity times and
-// skews then scale with the timeout (workerTimes). progress, when not nil,
-// receives one line per step.
-func runWorker(ctx context.Context, dsn string, schemas map[int]string, cfg worker.Config, progress func(string)) (WorkerResult, error) {
+// ascending version order, and judges the runs. With
+// cfg.CalibrateLockTimeout the lock timeout is calibrated first; zero
+// activity times and skews then scale with the timeout (workerTimes), and
+// the other zero fields take worker's defaults, applied here once.
+// progress, when not nil, receives one line per step.
+func runWorker(ctx context.Context, dsn string, schemas map[int]string, cfg WorkerConfig, progress func(string)) (WorkerResult, error) {
 	progress = quiet(progress)
 	versions, err := checkSchemas(ctx, dsn, schemas, "worker", "PrepareWorker")
 	if err != nil {
 		return WorkerResult{}, err
 	}
 	res := WorkerResult{}
-	if cfg.LockTimeout == 0 {
+	if cfg.CalibrateLockTimeout {
+		if cfg.LockTimeout != 0 {
+			return res, fmt.Errorf("worker: LockTimeout %v with CalibrateLockTimeout: give one", cfg.LockTimeout)
+		}
 		c, err := calibrateWorker(ctx, dsn, schemas[versions[0]])
 		if err != nil {
 			return res, err
@@ -192,15 +208,18 @@ func runWorker(ctx context.Context, dsn string, schemas map[int]string, cfg work
 		progress(fmt.Sprintf("worker calibration: one uncontended fetch+ack cycle takes %.1f ms (median of %d); lock timeout %d x that, in whole seconds, at least %v: %v",
 			c.CycleMs, c.Samples, workerLockTimeoutFactor, WorkerMinLockTimeout, cfg.LockTimeout))
 	}
-	cfg = workerTimes(cfg.WithDefaults())
-	res.Settings = workerSettings(cfg)
+	wcfg := workerTimes(cfg.WithDefaults())
+	if err := wcfg.Validate(); err != nil {
+		return res, err
+	}
+	res.Settings = workerSettings(wcfg)
 	res.Runs, err = runEach(versions, schemas, func(v int, schema string) (workerRun, error) {
-		return runWorkerVersion(ctx, dsn, v, schema, cfg, progress)
+		return runWorkerVersion(ctx, dsn, v, schema, wcfg, progress)
 	})
 	if err != nil {
 		return res, err
 	}
-	shareHistogramAxis(res.Runs, cfg.LockTimeout.Milliseconds(), worker.Remaining)
+	shareHistogramAxis(res.Runs, wcfg.LockTimeout.Milliseconds(), worker.Remaining)
 	res.Verdict = judgeWorker(res.Runs)
 	return res, nil
 }

@@ -47,8 +47,8 @@ func (r Run) WithDefaults(lockTimeout time.Duration) Run {
 	return r
 }
 
-// Validate rejects settings no run can use: no schema, or a lock timeout
-// under a millisecond. Its errors name the field, not the simulator: the
+// Validate rejects settings no run can use: no schema, a lock timeout
+// under a millisecond, a negative poll interval or duration. Its errors name the field, not the simulator: the
 // caller wraps them with its package's name.
 func (r Run) Validate() error {
 	switch {
@@ -56,6 +56,8 @@ func (r Run) Validate() error {
 		return errors.New("Config.Schema is empty")
 	case r.LockTimeout < time.Millisecond:
 		return fmt.Errorf("LockTimeout %v is under 1 ms", r.LockTimeout)
+	case r.PollInterval < 0 || r.Duration < 0:
+		return fmt.Errorf("PollInterval %v and Duration %v must not be negative", r.PollInterval, r.Duration)
 	}
 	return nil
 }

@@ -27,6 +27,18 @@ func TestValidateNamesTheFieldAndTheSimulatorWrapsIt(t *testing.T) {
 	require.EqualError(t, worker.Config{Run: simconfig.Run{Schema: "s"}}.Validate(), "worker: LockTimeout 0s is under 1 ms")
 }
 
+// A negative duration or count is an error, never silently a default.
+func TestANegativeSettingIsRefusedNotDefaulted(t *testing.T) {
+	_, err := simconfig.Ready(dispatch.Config{Run: simconfig.Run{Schema: "s", LockTimeout: -time.Second}})
+	require.EqualError(t, err, "dispatch: LockTimeout -1s is under 1 ms")
+	_, err = simconfig.Ready(dispatch.Config{Run: simconfig.Run{Schema: "s", Duration: -time.Second}})
+	require.EqualError(t, err, "dispatch: PollInterval 100ms and Duration -1s must not be negative")
+	_, err = simconfig.Ready(dispatch.Config{Run: simconfig.Run{Schema: "s"}, Dispatchers: -1})
+	require.ErrorContains(t, err, "must not be negative")
+	_, err = simconfig.Ready(worker.Config{Run: simconfig.Run{Schema: "s"}, Slots: -2})
+	require.ErrorContains(t, err, "must not be negative")
+}
+
 func TestReadyIsTheConfigWithItsDefaultsOrWhyItCannotRun(t *testing.T) {
 	cfg, err := simconfig.Ready(worker.Config{Run: simconfig.Run{Schema: "s"}})
 	require.NoError(t, err)

@@ -116,8 +116,10 @@ func (c Config) Validate() error {
 		return fmt.Errorf("worker: %w", err)
 	}
 	switch {
-	case c.Sessions < 0 || c.LongEvery < 0:
-		return errors.New("worker: Sessions and LongEvery must not be negative")
+	case c.Sessions < 0 || c.LongEvery < 0 || c.Runtimes < 0 || c.Slots < 0 || c.Items < 0:
+		return errors.New("worker: Runtimes, Slots, Items, Sessions and LongEvery must not be negative")
+	case c.SessionLockTimeout < 0 || c.SessionIdle < 0 || c.SessionRenewEvery < 0 || c.CleanupEvery < 0:
+		return errors.New("worker: SessionLockTimeout, SessionIdle, SessionRenewEvery and CleanupEvery must not be negative")
 	case c.ShortActivity < 0 || c.LongActivityMin < 0 || c.LongActivityMax < c.LongActivityMin:
 		return errors.New("worker: activity times must be >= 0, LongActivityMax >= LongActivityMin")
 	case c.SkewBehind < 0 || c.SkewAhead < 0:

@@ -12,7 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// The bare baseline: the classic single-statement dequeue on the same
+// The bare queue: the classic single-statement dequeue on the same
 // orchestrator_queue, with no instance lock, no history and no
 // function call, as the practical upper bound for one fetch+ack cycle on
 // the machine. Each worker has its own connection and loops:
@@ -26,7 +26,7 @@ import (
 //
 // No row: it sleeps out the rest of the poll interval, like a dispatcher.
 
-func baselineFetchSQL(schema string) string {
+func bareFetchSQL(schema string) string {
 	q := pgx.Identifier{schema, "orchestrator_queue"}.Sanitize()
 	return "UPDATE " + q + " SET lock_token = $1, locked_until = $2 + $3, attempt_count = attempt_count + 1 " +
 		"WHERE id = (SELECT id FROM " + q + " WHERE visible_at <= to_timestamp($2 / 1000.0) " +
@@ -34,23 +34,23 @@ func baselineFetchSQL(schema string) string {
 		"RETURNING id, locked_until, attempt_count"
 }
 
-func baselineAckSQL(schema string) string {
+func bareAckSQL(schema string) string {
 	q := pgx.Identifier{schema, "orchestrator_queue"}.Sanitize()
 	return "WITH done AS (DELETE FROM " + q + " WHERE id = $1 AND lock_token = $2 RETURNING instance_id, work_item) " +
 		"INSERT INTO " + q + " (instance_id, work_item, visible_at, created_at) " +
 		"SELECT instance_id, work_item, to_timestamp($3 / 1000.0), to_timestamp($3 / 1000.0) FROM done"
 }
 
-type baselineStats struct {
+type bareStats struct {
 	rowLat, emptyLat, ackLat []int64
 	cycles, fetches, empties int
 	fetchErrs, dead, ackFail int
 	maxAttempt               int
 }
 
-// runBaseline runs n bare workers on schema for d and returns their sample
+// runBare runs n bare workers on schema for d and returns their sample
 // (CPU not set).
-func runBaseline(ctx context.Context, dsn, schema string, n int, d, lockTimeout, poll time.Duration) (Sample, error) {
+func runBare(ctx context.Context, dsn, schema string, n int, d, lockTimeout, poll time.Duration) (Sample, error) {
 	conns := make([]*pgx.Conn, n)
 	defer func() {
 		for _, c := range conns {
@@ -62,13 +62,13 @@ func runBaseline(ctx context.Context, dsn, schema string, n int, d, lockTimeout,
 	for i := range conns {
 		var err error
 		if conns[i], err = pgx.Connect(ctx, dsn); err != nil {
-			return Sample{}, fmt.Errorf("baseline: connect worker %d: %w", i+1, err)
+			return Sample{}, fmt.Errorf("bare: connect worker %d: %w", i+1, err)
 		}
 	}
-	fetchSQL, ackSQL := baselineFetchSQL(schema), baselineAckSQL(schema)
+	fetchSQL, ackSQL := bareFetchSQL(schema), bareAckSQL(schema)
 	runCtx, stop := context.WithTimeout(ctx, d)
 	defer stop()
-	stats := make([]baselineStats, n)
+	stats := make([]bareStats, n)
 	errs := make([]error, n)
 	start := time.Now()
 	var wg sync.WaitGroup
@@ -76,7 +76,7 @@ func runBaseline(ctx context.Context, dsn, schema string, n int, d, lockTimeout,
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			errs[i] = baselineWorker(runCtx, conns[i], fetchSQL, ackSQL, lockTimeout, poll, &stats[i])
+			errs[i] = bareWorker(runCtx, conns[i], fetchSQL, ackSQL, lockTimeout, poll, &stats[i])
 		}()
 	}
 	wg.Wait()
@@ -84,10 +84,10 @@ func runBaseline(ctx context.Context, dsn, schema string, n int, d, lockTimeout,
 	if err := ctx.Err(); err != nil {
 		return Sample{}, err
 	}
-	var all baselineStats
+	var all bareStats
 	for i, st := range stats {
 		if errs[i] != nil {
-			return Sample{}, fmt.Errorf("baseline worker %d: %w", i+1, errs[i])
+			return Sample{}, fmt.Errorf("bare worker %d: %w", i+1, errs[i])
 		}
 		all.rowLat = append(all.rowLat, st.rowLat...)
 		all.emptyLat = append(all.emptyLat, st.emptyLat...)
@@ -107,7 +107,7 @@ func runBaseline(ctx context.Context, dsn, schema string, n int, d, lockTimeout,
 	return s, nil
 }
 
-func baselineWorker(ctx context.Context, conn *pgx.Conn, fetchSQL, ackSQL string, lockTimeout, poll time.Duration, st *baselineStats) error {
+func bareWorker(ctx context.Context, conn *pgx.Conn, fetchSQL, ackSQL string, lockTimeout, poll time.Duration, st *bareStats) error {
 	var tok [16]byte
 	for ctx.Err() == nil {
 		_, _ = rand.Read(tok[:])

@@ -1,4 +1,4 @@
-package faults_test
+package migrate_test
 
 import (
 	"context"

@@ -1,0 +1,113 @@
+package cli
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/duroxide-pg/migrations/harness/ops/migrate"
+	"github.com/duroxide-pg/migrations/internal/config"
+	"github.com/duroxide-pg/migrations/internal/testenv/pgtest"
+)
+
+// target is where a command acts: a DSN and a schema, from flags or
+// goose.yaml.
+type target struct {
+	configPath, dsn, env, schema, role string
+	cfg                                *config.Config
+}
+
+func (t *target) register(fs interface {
+	StringVar(*string, string, string, string)
+}) {
+	fs.StringVar(&t.configPath, "config", "", "settings file (default ./goose.yaml when present)")
+	fs.StringVar(&t.dsn, "dsn", "", "PostgreSQL DSN (postgres://user:pass@host:port/db)")
+	fs.StringVar(&t.env, "env", "", "environment name from goose.yaml instead of --dsn")
+	fs.StringVar(&t.schema, "schema", "", "target schema (default from goose.yaml, else duroxide)")
+	fs.StringVar(&t.role, "role", "", "act as this role (SET ROLE) on every connection: the owner of the schema's objects")
+}
+
+// resolve fills dsn and schema, checking the DSN parses.
+func (t *target) resolve() error {
+	cfg, err := config.Load(t.configPath)
+	if err != nil {
+		return usagef("%v", err)
+	}
+	t.cfg = cfg
+	if t.dsn != "" && t.env != "" {
+		return usagef("give --dsn or --env, not both")
+	}
+	envSchema := ""
+	if t.env != "" {
+		if t.dsn, envSchema, err = cfg.DSN(t.env); err != nil {
+			return usagef("%v", err)
+		}
+	}
+	if t.dsn == "" {
+		return usagef("no database: give --dsn postgres://user@host:5432/db or --env NAME (from goose.yaml)")
+	}
+	if _, err := pgx.ParseConfig(t.dsn); err != nil {
+		return usagef("bad DSN %s: %v", pgtest.Redact(t.dsn), oneLine(err.Error()))
+	}
+	for _, s := range []string{t.schema, envSchema, cfg.Schema, migrate.DefaultSchema} {
+		if s != "" {
+			t.schema = s
+			break
+		}
+	}
+	return nil
+}
+
+// open connects a migration runner; connection failures are bad input.
+func (t *target) open(ctx context.Context, verbose bool) (*migrate.Runner, error) {
+	r, err := migrate.Open(ctx, t.dsn, migrate.Options{
+		Schema:       t.schema,
+		FS:           t.cfg.MigrationsFS(),
+		VersionTable: t.cfg.VersionTable,
+		Verbose:      verbose,
+		Role:         t.role,
+	})
+	if errors.Is(err, migrate.ErrNeedsBaseline) || errors.Is(err, migrate.ErrPooler) {
+		return nil, usagef("%v", err)
+	}
+	if err != nil {
+		return nil, usagef("cannot use %s: %s; check the DSN, that the server runs and that the role may create schema %q",
+			pgtest.Redact(t.dsn), oneLine(pgErrText(err)), t.schema)
+	}
+	return r, nil
+}
+
+func pgErrText(err error) string {
+	// pgx errors embed the DSN's host but never the password; still redact
+	// anything that looks like a URL with credentials.
+	return pgtest.Redact(err.Error())
+}
+
+// inspect reads the target's state without changing anything.
+func (t *target) inspect(ctx context.Context) (*migrate.State, error) {
+	st, err := migrate.Inspect(ctx, t.dsn, migrate.Options{Schema: t.schema, VersionTable: t.cfg.VersionTable, Role: t.role})
+	if errors.Is(err, migrate.ErrNeedsBaseline) || errors.Is(err, migrate.ErrPooler) {
+		return nil, usagef("%v", err)
+	}
+	if err != nil {
+		return nil, usagef("cannot use %s: %s; check the DSN and that the server runs", pgtest.Redact(t.dsn), oneLine(pgErrText(err)))
+	}
+	return st, nil
+}
+
+// connect opens a pool on t's database with search_path = the target
+// schema, without creating anything; connection failures are bad input.
+func (t *target) connect(ctx context.Context) (*sql.DB, error) {
+	db, err := migrate.OpenDB(t.dsn, t.schema, t.role)
+	if err != nil {
+		return nil, usagef("bad DSN %s: %v", pgtest.Redact(t.dsn), oneLine(err.Error()))
+	}
+	if err := db.PingContext(ctx); err != nil {
+		db.Close()
+		return nil, unreachableError{usageError{fmt.Sprintf("cannot use %s: %s; check the DSN and that the server runs", pgtest.Redact(t.dsn), oneLine(pgErrText(err)))}}
+	}
+	return db, nil
+}
