@@ -218,9 +218,9 @@ type Figure struct {
 // Sides of a cell: the schema before the fix, the schema with it, and (in
 // queue-only cells) the bare queue.
 const (
-	sideBefore   = "before"
-	sideAfter    = "after"
-	sideBare = "bare"
+	sideBefore = "before"
+	sideAfter  = "after"
+	sideBare   = "bare"
 )
 
 // Round is one round of one side of a cell, with the sample S it measured.

@@ -8,7 +8,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-
 )
 
 // Kinds are the repros, in the order `harness repro all` runs them and
