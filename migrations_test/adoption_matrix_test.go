@@ -125,7 +125,7 @@ const (
 func matrixProcedures() []procedure {
 	migrateOp := func(op func(ctx context.Context, r *migrate.Runner) error) func(ctx context.Context, t *testing.T, db *testdb.Database) error {
 		return func(ctx context.Context, t *testing.T, db *testdb.Database) error {
-			r, err := migrate.Open(ctx, db.DSN, migrate.Options{Schema: db.Schema})
+			r, err := migrate.Open(ctx, db.Source.Config(), migrate.Options{Schema: db.Schema})
 			if err != nil {
 				return err
 			}

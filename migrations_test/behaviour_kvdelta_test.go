@@ -88,7 +88,7 @@ func kvUpgrades() []kvUpgrade {
 			return newAtVersion(t, migrations.LastContiguousPort())
 		},
 		apply: func(t *testing.T, h *schemaDB) {
-			require.NoError(t, upstream.Require(t).Migrate(context.Background(), h.db.DSN, h.db.Schema))
+			require.NoError(t, upstream.Require(t).Migrate(context.Background(), h.db.Source, h.db.Schema))
 			require.Equal(t, []string{"20", "21", "23"},
 				h.texts(`SELECT version::text FROM duroxide._duroxide_migrations WHERE version > 19 ORDER BY version`),
 				"the runner applied its own 20, 21 and 23")

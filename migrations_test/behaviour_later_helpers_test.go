@@ -72,7 +72,7 @@ func openUpstream(t *testing.T) *schemaDB {
 	t.Helper()
 	p := upstream.Require(t)
 	db := dbs.New(t, 0)
-	require.NoError(t, p.Migrate(context.Background(), db.DSN, db.Schema))
+	require.NoError(t, p.Migrate(context.Background(), db.Source, db.Schema))
 	return &schemaDB{t: t, db: db, pool: db.PgxPool(t)}
 }
 

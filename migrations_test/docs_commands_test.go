@@ -175,7 +175,7 @@ func docDB(t *testing.T, state docState) (dsn string, db *testdb.Database) {
 		_, err = conn.Exec(ctx, "INSERT INTO "+db.Qualify("orchestrator_queue")+" (instance_id, work_item, visible_at, created_at, attempt_count) VALUES ('docs-instance-1', '{}', now(), now(), 50)")
 		require.NoError(t, err)
 	case realUpstream:
-		require.NoError(t, upstream.Require(t).Migrate(ctx, db.DSN, "duroxide"))
+		require.NoError(t, upstream.Require(t).Migrate(ctx, db.Source, "duroxide"))
 	case realAsApp:
 		p := upstream.Require(t)
 		conn, err := pgx.Connect(ctx, db.DSN)
@@ -189,7 +189,7 @@ func docDB(t *testing.T, state docState) (dsn string, db *testdb.Database) {
 		require.NoError(t, err)
 		asApp, err := pgx.ParseConfig(db.DSN)
 		require.NoError(t, err)
-		require.NoError(t, p.Migrate(ctx, strings.Replace(db.DSN, "://"+asApp.User+"@", "://duroxide_app@", 1), "duroxide"))
+		require.NoError(t, p.Migrate(ctx, testdb.MustSource(t, strings.Replace(db.DSN, "://"+asApp.User+"@", "://duroxide_app@", 1)), "duroxide"))
 	}
 	base, _, _ := strings.Cut(db.DSN, "?")
 	return base, db

@@ -10,6 +10,7 @@ import (
 
 	"github.com/duroxide-pg/migrations/harness/ops/migrate"
 	"github.com/duroxide-pg/migrations/internal/testenv/pgtest"
+	"github.com/duroxide-pg/migrations/internal/testenv/testdb"
 )
 
 // goose's session lock, and the search_path the migrations run under, do
@@ -26,7 +27,7 @@ func TestMigrateRefusesAConnectionThroughPgBouncer(t *testing.T) {
 	for _, mode := range []string{"transaction", "session"} {
 		t.Run("pgbouncer in "+mode+" mode", func(t *testing.T) {
 			b := pgtest.RequirePgBouncer(t, srv, mode)
-			_, err := migrate.Open(ctx, b.DSN(name), migrate.Options{Schema: "duroxide"})
+			_, err := migrate.Open(ctx, testdb.MustSource(t, b.DSN(name)).Config(), migrate.Options{Schema: "duroxide"})
 			require.ErrorIs(t, err, migrate.ErrPooler)
 			require.Contains(t, err.Error(), "direct connection to PostgreSQL")
 
@@ -44,7 +45,7 @@ func TestMigrateRefusesAConnectionThroughPgBouncer(t *testing.T) {
 	}
 
 	t.Run("a direct connection passes the same check", func(t *testing.T) {
-		r, err := migrate.Open(ctx, srv.DSN(name), migrate.Options{Schema: "probe"})
+		r, err := migrate.Open(ctx, testdb.MustSource(t, srv.DSN(name)).Config(), migrate.Options{Schema: "probe"})
 		require.NoError(t, err)
 		require.NoError(t, migrate.CheckDirect(ctx, r.DB(), "probe"))
 		require.NoError(t, r.Close())

@@ -58,9 +58,9 @@ func TestReadOnlyCommandsChangeNothing(t *testing.T) {
 	ctx := context.Background()
 	db := dbs.New(t, 0)
 	fix, _ := migrations.FetchFix() // the version before the fetch fix: 19
-	require.NoError(t, migrate.To(ctx, db.DSN, "ro_pack", migrations.Latest()))
-	require.NoError(t, migrate.To(ctx, db.DSN, "ro_old", fix))
-	require.NoError(t, p.Migrate(ctx, db.DSN, "ro_upstream"))
+	require.NoError(t, migrate.To(ctx, db.Source.Config(), "ro_pack", migrations.Latest()))
+	require.NoError(t, migrate.To(ctx, db.Source.Config(), "ro_old", fix))
+	require.NoError(t, p.Migrate(ctx, db.Source, "ro_upstream"))
 	admin, err := pgx.Connect(ctx, db.DSN)
 	require.NoError(t, err)
 	defer admin.Close(ctx)
@@ -95,10 +95,10 @@ func TestReadOnlyCommandsChangeNothing(t *testing.T) {
 		require.Equal(t, before, catalogSnapshot(t, db.DSN), "%v leaves the catalog as it was", tc.args)
 	}
 	// The repros' and the bench's version check (migrate.CurrentVersion).
-	v, err := migrate.CurrentVersion(ctx, db.DSN, "ro_pack")
+	v, err := migrate.CurrentVersion(ctx, db.Source.Config(), "ro_pack")
 	require.NoError(t, err)
 	require.Equal(t, migrations.Latest(), v)
-	v, err = migrate.CurrentVersion(ctx, db.DSN, "ro_missing")
+	v, err = migrate.CurrentVersion(ctx, db.Source.Config(), "ro_missing")
 	require.NoError(t, err)
 	require.Zero(t, v)
 	require.Equal(t, before, catalogSnapshot(t, db.DSN))

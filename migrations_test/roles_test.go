@@ -24,8 +24,10 @@ import (
 	migrations "github.com/duroxide-pg/migrations"
 	"github.com/duroxide-pg/migrations/harness/ops/migrate"
 	"github.com/duroxide-pg/migrations/internal/cli"
+	"github.com/duroxide-pg/migrations/internal/dbconn"
 	"github.com/duroxide-pg/migrations/internal/sim/orch"
 	"github.com/duroxide-pg/migrations/internal/testenv/pgtest"
+	"github.com/duroxide-pg/migrations/internal/testenv/testdb"
 	"github.com/duroxide-pg/migrations/internal/testenv/upstream"
 )
 
@@ -87,6 +89,12 @@ func (r *roleDB) dsnAs(t *testing.T, role string) string {
 	return u.String()
 }
 
+// srcAs is dsnAs, parsed.
+func (r *roleDB) srcAs(t *testing.T, role string) *dbconn.Source {
+	t.Helper()
+	return testdb.MustSource(t, r.dsnAs(t, role))
+}
+
 func (r *roleDB) exec(t *testing.T, role, sql string, args ...any) error {
 	t.Helper()
 	ctx := context.Background()
@@ -131,7 +139,7 @@ func TestLeastPrivilegeOwnerAppliesThePackAndTheApplicationOnlyUsesIt(t *testing
 	require.NoError(t, r.exec(t, "postgres", fmt.Sprintf(leastPrivilegeGrants, r.owner, r.app)))
 
 	t.Run("a DBA connected as postgres applies the pack as the owner with --role", func(t *testing.T) {
-		runner, err := migrate.Open(ctx, r.dsnAs(t, "postgres"), migrate.Options{Schema: "duroxide", Role: r.owner})
+		runner, err := migrate.Open(ctx, r.srcAs(t, "postgres").Config(), migrate.Options{Schema: "duroxide", Role: r.owner})
 		require.NoError(t, err)
 		defer runner.Close()
 		_, err = runner.Up(ctx)
@@ -148,7 +156,7 @@ func TestLeastPrivilegeOwnerAppliesThePackAndTheApplicationOnlyUsesIt(t *testing
 	})
 
 	t.Run("nor can it run the migrations", func(t *testing.T) {
-		runner, err := migrate.Open(ctx, r.dsnAs(t, r.app), migrate.Options{Schema: "duroxide"})
+		runner, err := migrate.Open(ctx, r.srcAs(t, r.app).Config(), migrate.Options{Schema: "duroxide"})
 		require.NoError(t, err)
 		defer runner.Close()
 		_, err = runner.DownTo(ctx, migrations.LastContiguousPort())
@@ -158,7 +166,7 @@ func TestLeastPrivilegeOwnerAppliesThePackAndTheApplicationOnlyUsesIt(t *testing
 
 	t.Run("duroxide-pg's default migration policy needs DDL rights, so the application runs with VerifyOnly, whose checks hold for it", func(t *testing.T) {
 		p := upstream.Require(t)
-		err := p.Migrate(ctx, r.dsnAs(t, r.app), "duroxide")
+		err := p.Migrate(ctx, r.srcAs(t, r.app), "duroxide")
 		require.Error(t, err, "MigrationPolicy::ApplyAll (the addon's only policy) creates the schema if missing: the CREATE right")
 		require.Contains(t, err.Error(), "permission denied")
 
@@ -187,13 +195,13 @@ func TestMigrateRefusesARoleThatDoesNotOwnTheSchema(t *testing.T) {
 	r := newRoleDB(t)
 	ctx := context.Background()
 	require.NoError(t, r.exec(t, "postgres", fmt.Sprintf("CREATE SCHEMA duroxide AUTHORIZATION %s", r.app)))
-	runner, err := migrate.Open(ctx, r.dsnAs(t, r.app), migrate.Options{Schema: "duroxide"})
+	runner, err := migrate.Open(ctx, r.srcAs(t, r.app).Config(), migrate.Options{Schema: "duroxide"})
 	require.NoError(t, err)
 	_, err = runner.UpTo(ctx, migrations.LastContiguousPort())
 	require.NoError(t, err)
 	runner.Close()
 
-	asPostgres, err := migrate.Open(ctx, r.dsnAs(t, "postgres"), migrate.Options{Schema: "duroxide"})
+	asPostgres, err := migrate.Open(ctx, r.srcAs(t, "postgres").Config(), migrate.Options{Schema: "duroxide"})
 	require.NoError(t, err)
 	defer asPostgres.Close()
 	_, err = asPostgres.Up(ctx)
@@ -203,7 +211,7 @@ func TestMigrateRefusesARoleThatDoesNotOwnTheSchema(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, migrations.LastContiguousPort(), v, "nothing was applied")
 
-	withRole, err := migrate.Open(ctx, r.dsnAs(t, "postgres"), migrate.Options{Schema: "duroxide", Role: r.app})
+	withRole, err := migrate.Open(ctx, r.srcAs(t, "postgres").Config(), migrate.Options{Schema: "duroxide", Role: r.app})
 	require.NoError(t, err)
 	defer withRole.Close()
 	_, err = withRole.Up(ctx)
@@ -217,8 +225,7 @@ func TestMigrateRefusesARoleThatDoesNotOwnTheSchema(t *testing.T) {
 func (r *roleDB) runsAsTheApplicationOwningIt(t *testing.T) {
 	t.Helper()
 	ctx := context.Background()
-	db, err := migrate.OpenDB(r.dsnAs(t, r.app), "duroxide", "")
-	require.NoError(t, err)
+	db := migrate.OpenDB(r.srcAs(t, r.app).Config(), "duroxide", "")
 	defer db.Close()
 	o, err := migrate.ReadOwnership(ctx, db, "duroxide")
 	require.NoError(t, err)
@@ -241,7 +248,7 @@ func TestAnAdoptedDatabaseOwnedByTheApplicationKeepsWorkingForIt(t *testing.T) {
 	r := newRoleDB(t)
 	ctx := context.Background()
 	require.NoError(t, r.exec(t, "postgres", fmt.Sprintf("GRANT CREATE ON DATABASE %s TO %s", pgx.Identifier{r.name}.Sanitize(), r.app)))
-	require.NoError(t, p.Migrate(ctx, r.dsnAs(t, r.app), "duroxide"), "duroxide-pg's runner, as the application, makes the schema")
+	require.NoError(t, p.Migrate(ctx, r.srcAs(t, r.app), "duroxide"), "duroxide-pg's runner, as the application, makes the schema")
 
 	code, _, errOut := runHarness(t, "baseline", "--dsn", r.dsnAs(t, "postgres"), "--schema", "duroxide")
 	require.NotZero(t, code, "baseline as postgres would create goose's table as postgres")
@@ -254,7 +261,7 @@ func TestAnAdoptedDatabaseOwnedByTheApplicationKeepsWorkingForIt(t *testing.T) {
 	require.Contains(t, out, fmt.Sprintf("now at version %d", migrations.Latest()))
 
 	r.runsAsTheApplicationOwningIt(t)
-	require.NoError(t, p.Migrate(ctx, r.dsnAs(t, r.app), "duroxide"), "and duroxide-pg still opens it as the application")
+	require.NoError(t, p.Migrate(ctx, r.srcAs(t, r.app), "duroxide"), "and duroxide-pg still opens it as the application")
 }
 
 // runHarness runs the harness command with args and returns its exit code,
@@ -273,7 +280,7 @@ func TestSQLScriptRunsAsTheOwnerOrNotAtAll(t *testing.T) {
 	r := newRoleDB(t)
 	ctx := context.Background()
 	require.NoError(t, r.exec(t, "postgres", fmt.Sprintf("CREATE SCHEMA duroxide AUTHORIZATION %s", r.app)))
-	runner, err := migrate.Open(ctx, r.dsnAs(t, r.app), migrate.Options{Schema: "duroxide"})
+	runner, err := migrate.Open(ctx, r.srcAs(t, r.app).Config(), migrate.Options{Schema: "duroxide"})
 	require.NoError(t, err)
 	_, err = runner.UpTo(ctx, migrations.LastContiguousPort())
 	require.NoError(t, err)

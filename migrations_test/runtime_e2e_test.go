@@ -19,6 +19,7 @@ import (
 	"github.com/duroxide-pg/migrations/harness/ops/baseline"
 	"github.com/duroxide-pg/migrations/harness/ops/doctor"
 	"github.com/duroxide-pg/migrations/harness/ops/migrate"
+	"github.com/duroxide-pg/migrations/internal/dbconn"
 	"github.com/duroxide-pg/migrations/internal/testenv/upstream"
 )
 
@@ -74,13 +75,13 @@ var runtimeFinal = map[string]any{
 // runtimeSchemas builds the three schemas in one database and names them:
 // pack (the pack's latest), adopted (real provider, baseline, migrate up),
 // control (real provider only).
-func runtimeSchemas(t *testing.T, p *upstream.Provider) (dsn string, schemas []string) {
+func runtimeSchemas(t *testing.T, p *upstream.Provider) (src *dbconn.Source, schemas []string) {
 	t.Helper()
 	ctx := context.Background()
 	db := dbs.New(t, 0)
 	const pack, adopted, control = "e2e_pack", "e2e_adopted", "e2e_control"
 	up := func(schema string) {
-		r, err := migrate.Open(ctx, db.DSN, migrate.Options{Schema: schema})
+		r, err := migrate.Open(ctx, db.Source.Config(), migrate.Options{Schema: schema})
 		require.NoError(t, err, schema)
 		defer r.Close()
 		_, err = r.Up(ctx)
@@ -90,20 +91,20 @@ func runtimeSchemas(t *testing.T, p *upstream.Provider) (dsn string, schemas []s
 		require.Equal(t, migrations.Latest(), v, "%s: migrate up reaches the pack's latest version", schema)
 	}
 	up(pack)
-	require.NoError(t, p.Migrate(ctx, db.DSN, adopted))
+	require.NoError(t, p.Migrate(ctx, db.Source, adopted))
 	conn, err := sql.Open("pgx", db.DSN)
 	require.NoError(t, err)
 	defer conn.Close()
 	_, err = baseline.Run(ctx, conn, baseline.Options{Schema: adopted})
 	require.NoError(t, err, "baseline %s", adopted)
 	up(adopted)
-	require.NoError(t, p.Migrate(ctx, db.DSN, control))
-	return db.DSN, []string{pack, adopted, control}
+	require.NoError(t, p.Migrate(ctx, db.Source, control))
+	return db.Source, []string{pack, adopted, control}
 }
 
 func TestRealRuntimeScenarios(t *testing.T) {
 	p := upstream.Require(t)
-	dsn, schemas := runtimeSchemas(t, p)
+	src, schemas := runtimeSchemas(t, p)
 	scenarios := runtimeScenarios()
 	var list []upstream.Scenario
 	for _, s := range scenarios {
@@ -111,7 +112,7 @@ func TestRealRuntimeScenarios(t *testing.T) {
 	}
 	results := map[string]*upstream.RuntimeResult{}
 	for _, schema := range schemas {
-		res, err := p.RunRuntime(context.Background(), dsn, upstream.Run{
+		res, err := p.RunRuntime(context.Background(), src, upstream.Run{
 			Schema: schema,
 			Runtime: upstream.RuntimeOptions{OrchestrationConcurrency: 4, WorkerConcurrency: 8,
 				WorkerTagFilter: "defaultAnd", WorkerTagFilterTags: []string{"gpu"}},
@@ -153,7 +154,7 @@ func TestRealRuntimeScenarios(t *testing.T) {
 	}
 	// The real provider's runner, run at every connection, applied nothing
 	// over the pack: its fixes are what the runtime ran on.
-	conn, err := sql.Open("pgx", dsn)
+	conn, err := sql.Open("pgx", src.DSN())
 	require.NoError(t, err)
 	defer conn.Close()
 	for i, schema := range schemas {

@@ -140,7 +140,7 @@ func TestSQLScriptAdoptsARealProviderDatabaseLikeMigrate(t *testing.T) {
 	require.Contains(t, text, "DO $guard$", "the fixes' guards are in the script")
 	out, err := runPsql(t, byScript, text)
 	require.NoError(t, err, out)
-	require.NoError(t, migrate.To(ctx, byHarness.DSN, byHarness.Schema, migrations.Latest()))
+	require.NoError(t, migrate.To(ctx, byHarness.Source.Config(), byHarness.Schema, migrations.Latest()))
 	require.Equal(t, endState(t, byHarness), endState(t, byScript))
 }
 
@@ -151,7 +151,7 @@ func TestSQLScriptRefusesADatabaseThatMoved(t *testing.T) {
 	bug, fix := migrations.FetchFix()
 	db := dbs.New(t, bug)
 	text := script(t, db, false, 0)
-	require.NoError(t, migrate.To(context.Background(), db.DSN, db.Schema, fix))
+	require.NoError(t, migrate.To(context.Background(), db.Source.Config(), db.Schema, fix))
 	before := endState(t, db)
 	out, err := runPsql(t, db, text)
 	require.Error(t, err)

@@ -102,6 +102,7 @@ func runBench(ctx context.Context, env *env, args []string) error {
 	bar := newProgressBar(env.Stderr)
 	res, err := bench.Run(ctx, srv, cfg, bar.update)
 	bar.done()
+	res.Server.Backend = string(srv.Backend())
 	if err != nil {
 		return err
 	}

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/duroxide-pg/migrations/harness/ops/migrate"
+	"github.com/duroxide-pg/migrations/internal/dbconn"
 	"github.com/duroxide-pg/migrations/internal/testenv/pgtest"
 )
 
@@ -207,17 +208,20 @@ func obtainServerWith(ctx context.Context, opts pgtest.Options) (*pgtest.Server,
 // migratedDatabase creates a database on srv, its name starting with
 // prefix, and migrates schema in it to version (nothing for version 0): the
 // database a command that works on one schema runs against. It returns the
-// database's DSN; the database goes when srv is closed.
-func migratedDatabase(ctx context.Context, srv *pgtest.Server, prefix, schema string, version int64) (string, error) {
+// connections to it; the database goes when srv is closed.
+func migratedDatabase(ctx context.Context, srv *pgtest.Server, prefix, schema string, version int64) (*dbconn.Source, error) {
 	name, err := srv.CreateDatabase(ctx, prefix, "")
 	if err != nil {
-		return "", err
+		return nil, err
 	}
-	dsn := srv.DSN(name)
+	src, err := srv.Source(name)
+	if err != nil {
+		return nil, err
+	}
 	if version > 0 {
-		if err := migrate.To(ctx, dsn, schema, version); err != nil {
-			return "", err
+		if err := migrate.To(ctx, src.Config(), schema, version); err != nil {
+			return nil, err
 		}
 	}
-	return dsn, nil
+	return src, nil
 }

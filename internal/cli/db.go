@@ -36,12 +36,12 @@ func runDB(ctx context.Context, env *env, args []string) error {
 		return err
 	}
 	defer srv.Close(context.Background())
-	dsn, err := migratedDatabase(ctx, srv, "harness_", migrate.DefaultSchema, *migrateTo)
+	src, err := migratedDatabase(ctx, srv, "harness_", migrate.DefaultSchema, *migrateTo)
 	if err != nil {
 		return err
 	}
 	fmt.Fprintf(env.Stderr, "harness: %s database ready; Ctrl-C stops it and removes everything\n", srv.Backend())
-	fmt.Fprintln(env.Stdout, dsn)
+	fmt.Fprintln(env.Stdout, src.DSN())
 	waitCtx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	<-waitCtx.Done()

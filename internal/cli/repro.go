@@ -11,6 +11,7 @@ import (
 
 	migrations "github.com/duroxide-pg/migrations"
 	"github.com/duroxide-pg/migrations/harness/ops/migrate"
+	"github.com/duroxide-pg/migrations/internal/dbconn"
 	"github.com/duroxide-pg/migrations/internal/sim/repro"
 	"github.com/duroxide-pg/migrations/internal/testenv/pgtest"
 	"github.com/duroxide-pg/migrations/internal/testenv/upstream"
@@ -20,7 +21,7 @@ import (
 type reproSetup struct {
 	srv     *pgtest.Server
 	name    string
-	dsn     string
+	db      *dbconn.Source
 	schemas map[int64]string
 }
 
@@ -36,10 +37,15 @@ func setupRepro(ctx context.Context, env *env, dsn string, versions []int64) (*r
 		srv.Close(context.Background())
 		return nil, err
 	}
-	s := &reproSetup{srv: srv, name: name, dsn: srv.DSN(name), schemas: map[int64]string{}}
+	db, err := srv.Source(name)
+	if err != nil {
+		srv.Close(context.Background())
+		return nil, err
+	}
+	s := &reproSetup{srv: srv, name: name, db: db, schemas: map[int64]string{}}
 	for _, v := range versions {
 		schema := fmt.Sprintf("duroxide_v%d", v)
-		if err := migrate.To(ctx, s.dsn, schema, v); err != nil {
+		if err := migrate.To(ctx, s.db.Config(), schema, v); err != nil {
 			s.close()
 			return nil, err
 		}
@@ -176,7 +182,7 @@ func runRepro(ctx context.Context, env *env, args []string) error {
 		run  func() (verdict bool, err error)
 	}{
 		{"minimal", func() (bool, error) {
-			res, err := repro.RunMinimal(ctx, setup.dsn, setup.schemas, versions)
+			res, err := repro.RunMinimal(ctx, setup.db, setup.schemas, versions)
 			report.Minimal = res
 			return repro.MinimalVerdict(res), printed(err, func() error { return repro.PrintMinimal(env.Stdout, res) })
 		}},
@@ -186,17 +192,17 @@ func runRepro(ctx context.Context, env *env, args []string) error {
 			return res.Verdict.OK, printed(err, func() error { return repro.PrintOrganic(env.Stdout, res) })
 		}},
 		{"worker-minimal", func() (bool, error) {
-			res, err := repro.RunWorkerMinimal(ctx, setup.dsn, setup.schemas, workerVersions)
+			res, err := repro.RunWorkerMinimal(ctx, setup.db, setup.schemas, workerVersions)
 			report.WorkerMinimal = res
 			return repro.WorkerMinimalVerdict(res), printed(err, func() error { return repro.PrintWorkerMinimal(env.Stdout, res) })
 		}},
 		{"worker", func() (bool, error) {
-			res, err := repro.WorkerRepro(ctx, setup.dsn, workerCfg, progress)
+			res, err := repro.WorkerRepro(ctx, setup.db, workerCfg, progress)
 			report.Worker = &res
 			return res.Verdict.OK, printed(err, func() error { return repro.PrintWorker(env.Stdout, res) })
 		}},
 		{"runtime", func() (bool, error) {
-			res, err := repro.RuntimeRepro(ctx, setup.dsn, provider, runtimeCfg, progress)
+			res, err := repro.RuntimeRepro(ctx, setup.db, provider, runtimeCfg, progress)
 			report.Runtime = &res
 			return res.OK(), printed(err, func() error { return repro.PrintRuntime(env.Stdout, res) })
 		}},
@@ -251,10 +257,14 @@ func runOrganic(ctx context.Context, setup *reproSetup, cfg repro.OrganicConfig,
 			return repro.OrganicResult{}, fmt.Errorf("organic repro: %w", err)
 		}
 		defer b.Close()
-		cfg.ConnectDSN = b.DSN(setup.name)
+		via, err := dbconn.Parse(b.DSN(setup.name))
+		if err != nil {
+			return repro.OrganicResult{}, fmt.Errorf("organic repro: %w", err)
+		}
+		cfg.Via = via
 		fmt.Fprintf(env.Stderr, "harness: the dispatchers connect through pgbouncer (%s pooling)\n", bouncerMode)
 	}
-	return repro.OrganicRepro(ctx, setup.dsn, cfg, progress)
+	return repro.OrganicRepro(ctx, setup.db, cfg, progress)
 }
 
 func parseVersions(s string) ([]int64, error) {

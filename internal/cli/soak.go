@@ -62,7 +62,7 @@ func runSoak(ctx context.Context, env *env, args []string) error {
 	}
 	defer srv.Close(context.Background())
 	const schema = "duroxide_soak"
-	dbDSN, err := migratedDatabase(ctx, srv, "harness_soak_", schema, *version)
+	db, err := migratedDatabase(ctx, srv, "harness_soak_", schema, *version)
 	if err != nil {
 		return err
 	}
@@ -83,7 +83,7 @@ func runSoak(ctx context.Context, env *env, args []string) error {
 		opts.Restart = srv.Restart
 	}
 	fmt.Fprintf(env.Stderr, "harness: soak of version %d for %v (%s backend, rounds of %v, seed %d)\n", *version, *duration, srv.Backend(), *round, *seed)
-	soaked, err := faults.Soak(ctx, dbDSN, opts)
+	soaked, err := faults.Soak(ctx, db, opts)
 	if err != nil {
 		return err
 	}

@@ -6,11 +6,9 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/duroxide-pg/migrations/harness/ops/migrate"
 	"github.com/duroxide-pg/migrations/internal/config"
-	"github.com/duroxide-pg/migrations/internal/testenv/pgtest"
+	"github.com/duroxide-pg/migrations/internal/dbconn"
 )
 
 // target is where a command acts: a DSN and a schema, from flags or
@@ -18,6 +16,8 @@ import (
 type target struct {
 	configPath, dsn, env, schema, role string
 	cfg                                *config.Config
+	// src is dsn, parsed by resolve: what everything below connects with.
+	src *dbconn.Source
 }
 
 func (t *target) register(fs interface {
@@ -30,7 +30,7 @@ func (t *target) register(fs interface {
 	fs.StringVar(&t.role, "role", "", "act as this role (SET ROLE) on every connection: the owner of the schema's objects")
 }
 
-// resolve fills dsn and schema, checking the DSN parses.
+// resolve fills dsn, src and schema: the DSN is parsed here, once.
 func (t *target) resolve() error {
 	cfg, err := config.Load(t.configPath)
 	if err != nil {
@@ -49,8 +49,8 @@ func (t *target) resolve() error {
 	if t.dsn == "" {
 		return usagef("no database: give --dsn postgres://user@host:5432/db or --env NAME (from goose.yaml)")
 	}
-	if _, err := pgx.ParseConfig(t.dsn); err != nil {
-		return usagef("bad DSN %s: %v", pgtest.Redact(t.dsn), oneLine(err.Error()))
+	if t.src, err = dbconn.Parse(t.dsn); err != nil {
+		return usagef("%s", oneLine(err.Error()))
 	}
 	for _, s := range []string{t.schema, envSchema, cfg.Schema, migrate.DefaultSchema} {
 		if s != "" {
@@ -63,7 +63,7 @@ func (t *target) resolve() error {
 
 // open connects a migration runner; connection failures are bad input.
 func (t *target) open(ctx context.Context, verbose bool) (*migrate.Runner, error) {
-	r, err := migrate.Open(ctx, t.dsn, migrate.Options{
+	r, err := migrate.Open(ctx, t.src.Config(), migrate.Options{
 		Schema:       t.schema,
 		FS:           t.cfg.MigrationsFS(),
 		VersionTable: t.cfg.VersionTable,
@@ -75,7 +75,7 @@ func (t *target) open(ctx context.Context, verbose bool) (*migrate.Runner, error
 	}
 	if err != nil {
 		return nil, usagef("cannot use %s: %s; check the DSN, that the server runs and that the role may create schema %q",
-			pgtest.Redact(t.dsn), oneLine(pgErrText(err)), t.schema)
+			t.src, oneLine(pgErrText(err)), t.schema)
 	}
 	return r, nil
 }
@@ -83,17 +83,17 @@ func (t *target) open(ctx context.Context, verbose bool) (*migrate.Runner, error
 func pgErrText(err error) string {
 	// pgx errors embed the DSN's host but never the password; still redact
 	// anything that looks like a URL with credentials.
-	return pgtest.Redact(err.Error())
+	return dbconn.Redact(err.Error())
 }
 
 // inspect reads the target's state without changing anything.
 func (t *target) inspect(ctx context.Context) (*migrate.State, error) {
-	st, err := migrate.Inspect(ctx, t.dsn, migrate.Options{Schema: t.schema, VersionTable: t.cfg.VersionTable, Role: t.role})
+	st, err := migrate.Inspect(ctx, t.src.Config(), migrate.Options{Schema: t.schema, VersionTable: t.cfg.VersionTable, Role: t.role})
 	if errors.Is(err, migrate.ErrNeedsBaseline) || errors.Is(err, migrate.ErrPooler) {
 		return nil, usagef("%v", err)
 	}
 	if err != nil {
-		return nil, usagef("cannot use %s: %s; check the DSN and that the server runs", pgtest.Redact(t.dsn), oneLine(pgErrText(err)))
+		return nil, usagef("cannot use %s: %s; check the DSN and that the server runs", t.src, oneLine(pgErrText(err)))
 	}
 	return st, nil
 }
@@ -101,13 +101,10 @@ func (t *target) inspect(ctx context.Context) (*migrate.State, error) {
 // connect opens a pool on t's database with search_path = the target
 // schema, without creating anything; connection failures are bad input.
 func (t *target) connect(ctx context.Context) (*sql.DB, error) {
-	db, err := migrate.OpenDB(t.dsn, t.schema, t.role)
-	if err != nil {
-		return nil, usagef("bad DSN %s: %v", pgtest.Redact(t.dsn), oneLine(err.Error()))
-	}
+	db := migrate.OpenDB(t.src.Config(), t.schema, t.role)
 	if err := db.PingContext(ctx); err != nil {
 		db.Close()
-		return nil, unreachableError{usageError{fmt.Sprintf("cannot use %s: %s; check the DSN and that the server runs", pgtest.Redact(t.dsn), oneLine(pgErrText(err)))}}
+		return nil, unreachableError{usageError{fmt.Sprintf("cannot use %s: %s; check the DSN and that the server runs", t.src, oneLine(pgErrText(err)))}}
 	}
 	return db, nil
 }

@@ -92,12 +92,12 @@ func readState(ctx context.Context, db *sql.DB, schema, table string) (*State, e
 	return st, rows.Err()
 }
 
-// Inspect connects to dsn and reads opts.Schema's State, checking nothing
+// Inspect connects to the database of cfg and reads opts.Schema's State, checking nothing
 // but what needs no write: a direct connection and, when the schema has
 // duroxide-pg's objects, that it was adopted (ErrNeedsBaseline otherwise).
-func Inspect(ctx context.Context, dsn string, opts Options) (*State, error) {
+func Inspect(ctx context.Context, cfg *pgx.ConnConfig, opts Options) (*State, error) {
 	opts.Schema, opts.VersionTable = Names(opts.Schema, opts.VersionTable)
-	db, err := openDirect(ctx, dsn, opts.Schema, opts.Role)
+	db, err := openDirect(ctx, cfg, opts.Schema, opts.Role)
 	if err != nil {
 		return nil, err
 	}
@@ -148,11 +148,8 @@ func Sources(fsys fs.FS) ([]Source, error) {
 
 // CurrentVersion is the newest version goose's table in schema records,
 // read without writing (0 when the schema or table is missing).
-func CurrentVersion(ctx context.Context, dsn, schema string) (int64, error) {
-	db, err := OpenDB(dsn, schema, "")
-	if err != nil {
-		return 0, err
-	}
+func CurrentVersion(ctx context.Context, cfg *pgx.ConnConfig, schema string) (int64, error) {
+	db := OpenDB(cfg, schema, "")
 	defer db.Close()
 	st, err := readState(ctx, db, schema, VersionTable)
 	if err != nil {

@@ -59,14 +59,15 @@ var ErrNoSuchVersion = errors.New("no such migration version")
 // refuses before changing anything.
 var ErrNeedsBaseline = errors.New("schema was created by duroxide-pg's own runner and is not adopted")
 
-// Open connects to dsn, creates the target schema if it does not exist and
-// prepares a goose provider over the pack's migrations.
-func Open(ctx context.Context, dsn string, opts Options) (*Runner, error) {
+// Open opens the runner's pool on the database of cfg (OpenDB), creates
+// the target schema if it does not exist and prepares a goose provider over
+// the pack's migrations. Close closes the pool.
+func Open(ctx context.Context, cfg *pgx.ConnConfig, opts Options) (*Runner, error) {
 	opts.Schema, opts.VersionTable = Names(opts.Schema, opts.VersionTable)
 	if opts.FS == nil {
 		opts.FS = migrations.FS
 	}
-	db, err := openDirect(ctx, dsn, opts.Schema, opts.Role)
+	db, err := openDirect(ctx, cfg, opts.Schema, opts.Role)
 	if err != nil {
 		return nil, err
 	}
@@ -110,27 +111,6 @@ func Open(ctx context.Context, dsn string, opts Options) (*Runner, error) {
 	}
 	ok = true
 	return &Runner{db: db, provider: provider, schema: opts.Schema}, nil
-}
-
-// openDirect opens a pool on dsn for schema (as role, when set) and checks
-// that it reaches the server itself, not a transaction pooler.
-func openDirect(ctx context.Context, dsn, schema, role string) (*sql.DB, error) {
-	db, err := OpenDB(dsn, schema, role)
-	if err != nil {
-		return nil, err
-	}
-	if err := db.PingContext(ctx); err != nil {
-		db.Close()
-		if unsupportedStartup(err) {
-			return nil, poolerErr(oneLine(err.Error()))
-		}
-		return nil, fmt.Errorf("connect: %w", err)
-	}
-	if err := CheckDirect(ctx, db, schema); err != nil {
-		db.Close()
-		return nil, err
-	}
-	return db, nil
 }
 
 // checkOwner is CheckOwner on the runner's schema, before any change.
@@ -262,10 +242,11 @@ func wrapErr(op string, err error) error {
 	return fmt.Errorf("migrate %s: %w", op, err)
 }
 
-// To opens a runner on dsn, migrates schema up to version and closes it:
-// the one-liner for tools that need a schema at a given version.
-func To(ctx context.Context, dsn, schema string, version int64) error {
-	r, err := Open(ctx, dsn, Options{Schema: schema})
+// To opens a runner on the database of cfg, migrates schema up to version
+// and closes it: the one-liner for tools that need a schema at a given
+// version.
+func To(ctx context.Context, cfg *pgx.ConnConfig, schema string, version int64) error {
+	r, err := Open(ctx, cfg, Options{Schema: schema})
 	if err != nil {
 		return fmt.Errorf("schema %s: %w", schema, err)
 	}

@@ -32,7 +32,7 @@ func TestConcurrentMigrateUp(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			<-start
-			r, err := migrate.Open(ctx, db.DSN, migrate.Options{Schema: db.Schema})
+			r, err := migrate.Open(ctx, db.Source.Config(), migrate.Options{Schema: db.Schema})
 			if err != nil {
 				errs[i] = err
 				return
@@ -88,7 +88,7 @@ func TestBrokenMigrationRollsBack(t *testing.T) {
 	}
 	broken := "9999_broken_half_way.sql"
 	mfs[broken] = &fstest.MapFile{Data: []byte("-- +goose Up\nCREATE TABLE half_way (x int);\nSELECT 1/0;\n\n-- +goose Down\nDROP TABLE half_way;\n")}
-	r, err := migrate.Open(ctx, db.DSN, migrate.Options{Schema: db.Schema, FS: mfs})
+	r, err := migrate.Open(ctx, db.Source.Config(), migrate.Options{Schema: db.Schema, FS: mfs})
 	if err != nil {
 		t.Fatal(err)
 	}

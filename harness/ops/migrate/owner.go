@@ -6,37 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/stdlib"
 )
 
 // ErrNotOwner is returned before anything changes when the role the
 // migrations would run as (the connecting role, or --role) is not the owner
 // of the target schema and every object in it.
 var ErrNotOwner = errors.New("the role does not own the schema and its objects")
-
-// OpenDB opens a pool on dsn whose connections have search_path set to
-// schema and, when role is not empty, run SET ROLE role first: the
-// migrations then run with role's privileges and what they create belongs
-// to it.
-func OpenDB(dsn, schema, role string) (*sql.DB, error) {
-	cfg, err := pgx.ParseConfig(dsn)
-	if err != nil {
-		return nil, fmt.Errorf("parse DSN: %w", err)
-	}
-	cfg.RuntimeParams["search_path"] = SearchPath(schema)
-	var opts []stdlib.OptionOpenDB
-	if role != "" {
-		opts = append(opts, stdlib.OptionAfterConnect(func(ctx context.Context, c *pgx.Conn) error {
-			if _, err := c.Exec(ctx, "SET ROLE "+pgx.Identifier{role}.Sanitize()); err != nil {
-				return fmt.Errorf("SET ROLE %s: %w", role, err)
-			}
-			return nil
-		}))
-	}
-	return stdlib.OpenDB(*cfg, opts...), nil
-}
 
 // Ownership is who owns a schema and its objects, seen from a connection.
 type Ownership struct {

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/duroxide-pg/migrations/internal/dbconn"
 )
 
 // The bare queue: the classic single-statement dequeue on the same
@@ -50,7 +52,7 @@ type bareStats struct {
 
 // runBare runs n bare workers on schema for d and returns their sample
 // (CPU not set).
-func runBare(ctx context.Context, dsn, schema string, n int, d, lockTimeout, poll time.Duration) (Sample, error) {
+func runBare(ctx context.Context, src *dbconn.Source, schema string, n int, d, lockTimeout, poll time.Duration) (Sample, error) {
 	conns := make([]*pgx.Conn, n)
 	defer func() {
 		for _, c := range conns {
@@ -61,7 +63,7 @@ func runBare(ctx context.Context, dsn, schema string, n int, d, lockTimeout, pol
 	}()
 	for i := range conns {
 		var err error
-		if conns[i], err = pgx.Connect(ctx, dsn); err != nil {
+		if conns[i], err = src.Connect(ctx); err != nil {
 			return Sample{}, fmt.Errorf("bare: connect worker %d: %w", i+1, err)
 		}
 	}

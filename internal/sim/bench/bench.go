@@ -47,9 +47,9 @@ import (
 
 	migrations "github.com/duroxide-pg/migrations"
 	"github.com/duroxide-pg/migrations/harness/ops/migrate"
+	"github.com/duroxide-pg/migrations/internal/dbconn"
 	"github.com/duroxide-pg/migrations/internal/sim/dispatch"
 	"github.com/duroxide-pg/migrations/internal/sim/simconfig"
-	"github.com/duroxide-pg/migrations/internal/testenv/pgtest"
 )
 
 // Versions are the schema versions compared: the version before the pack's
@@ -410,10 +410,20 @@ type prepared struct {
 	history int
 }
 
+// Databases is the server a run works on: it creates the run's throwaway
+// databases, opens connections to them and drops them again (a
+// *pgtest.Server is one).
+type Databases interface {
+	CreateDatabase(ctx context.Context, prefix, template string) (string, error)
+	DropDatabase(ctx context.Context, name string) error
+	Source(name string) (*dbconn.Source, error)
+}
+
 // Run runs the benchmark cfg on srv: it creates a database (dropped at the
 // end), migrates and seeds one schema per scenario and version, then runs
-// the rounds. progress, when not nil, is called before every step.
-func Run(ctx context.Context, srv *pgtest.Server, cfg Config, progress func(Progress)) (Result, error) {
+// the rounds. progress, when not nil, is called before every step. The
+// caller fills Result.Server.Backend, which srv does not know.
+func Run(ctx context.Context, srv Databases, cfg Config, progress func(Progress)) (Result, error) {
 	cfg, err := simconfig.Ready(cfg)
 	if err != nil {
 		return Result{}, err
@@ -423,16 +433,19 @@ func Run(ctx context.Context, srv *pgtest.Server, cfg Config, progress func(Prog
 	}
 	start := time.Now()
 	res := Result{Settings: settingsOf(cfg), StartedAt: start.UTC().Truncate(time.Second),
-		Server: ServerInfo{Backend: string(srv.Backend()), CPUs: runtime.NumCPU()}}
+		Server: ServerInfo{CPUs: runtime.NumCPU()}}
 
 	db, err := srv.CreateDatabase(ctx, "harness_bench_", "")
 	if err != nil {
 		return res, err
 	}
 	defer func() { _ = srv.DropDatabase(context.Background(), db) }()
-	dsn := srv.DSN(db)
-	res.Server.Version = serverVersion(ctx, dsn)
-	cpu, cpuSource := newServerCPU(ctx, dsn)
+	src, err := srv.Source(db)
+	if err != nil {
+		return res, err
+	}
+	res.Server.Version = serverVersion(ctx, src)
+	cpu, cpuSource := newServerCPU(ctx, src)
 	res.Server.CPU = cpuSource
 
 	step := 0
@@ -449,18 +462,18 @@ func Run(ctx context.Context, srv *pgtest.Server, cfg Config, progress func(Prog
 	schemas := map[key]prepared{}
 	prep := func(scenario, side string, version int64, dcfg dispatch.Config, dropHistory bool) error {
 		schema := fmt.Sprintf("bench_%s_%s", scenario, side)
-		if err := migrateSchema(ctx, dsn, schema, version); err != nil {
+		if err := migrateSchema(ctx, src, schema, version); err != nil {
 			return err
 		}
 		dcfg.Schema = schema
-		if _, err := dispatch.Seed(ctx, dsn, dcfg); err != nil {
+		if _, err := dispatch.Seed(ctx, src, dcfg); err != nil {
 			return fmt.Errorf("bench: seed %s: %w", schema, err)
 		}
 		p := prepared{schema: schema, history: dcfg.HistoryEvents}
 		if dropHistory {
 			p.history = 0
 		}
-		if err := snapshot(ctx, dsn, p, dropHistory); err != nil {
+		if err := snapshot(ctx, src, p, dropHistory); err != nil {
 			return err
 		}
 		schemas[key{scenario, side}] = p
@@ -494,7 +507,7 @@ func Run(ctx context.Context, srv *pgtest.Server, cfg Config, progress func(Prog
 
 	if cfg.has(Hot) && cfg.CalibrateHotLockTimeout {
 		progress(Progress{Steps: cfg.Steps(), Rounds: cfg.Rounds, Label: "calibrating the hot lock timeout", Elapsed: time.Since(start)})
-		cal, err := calibrateHot(ctx, dsn, schemas[key{Hot, sideBefore}], cfg)
+		cal, err := calibrateHot(ctx, src, schemas[key{Hot, sideBefore}], cfg)
 		if err != nil {
 			return res, err
 		}
@@ -505,7 +518,7 @@ func Run(ctx context.Context, srv *pgtest.Server, cfg Config, progress func(Prog
 
 	var wb *workerBench
 	if cfg.has(Worker) {
-		if wb, err = newWorkerBench(ctx, dsn, cfg); err != nil {
+		if wb, err = newWorkerBench(ctx, src, cfg); err != nil {
 			return res, err
 		}
 	}
@@ -519,7 +532,7 @@ func Run(ctx context.Context, srv *pgtest.Server, cfg Config, progress func(Prog
 	dispatchCell := func(round int, scenario string, n int, dcfg dispatch.Config) error {
 		c := cellOf[(&Cell{Scenario: scenario, Dispatchers: n}).Name()]
 		return c.runRound(round, c.Name(), note, func(side string) (Sample, error) {
-			return runDispatch(ctx, dsn, schemas[key{scenario, side}], dcfg, cpu)
+			return runDispatch(ctx, src, schemas[key{scenario, side}], dcfg, cpu)
 		})
 	}
 	for round := 1; round <= cfg.Rounds; round++ {
@@ -542,7 +555,7 @@ func Run(ctx context.Context, srv *pgtest.Server, cfg Config, progress func(Prog
 				}
 				c := cellOf[(&Cell{Scenario: queueOnly, Dispatchers: n}).Name()]
 				note(round, c.Name()+" bare")
-				sample, err := runBareCell(ctx, dsn, schemas[key{queueOnly, sideBare}], n, cfg, cpu)
+				sample, err := runBareCell(ctx, src, schemas[key{queueOnly, sideBare}], n, cfg, cpu)
 				if err != nil {
 					return res, fmt.Errorf("bench: %s bare round %d: %w", c.Name(), round, err)
 				}
@@ -569,12 +582,12 @@ func Run(ctx context.Context, srv *pgtest.Server, cfg Config, progress func(Prog
 		res.Worker = wb.finish()
 	}
 	if cfg.has(scale) {
-		if res.Scale, err = runScale(ctx, dsn, cfg, cpu, note); err != nil {
+		if res.Scale, err = runScale(ctx, src, cfg, cpu, note); err != nil {
 			return res, err
 		}
 	}
 	if cfg.has(Runtime) {
-		if res.Runtime, err = runRuntime(ctx, dsn, cfg, cpu, note); err != nil {
+		if res.Runtime, err = runRuntime(ctx, src, cfg, cpu, note); err != nil {
 			return res, err
 		}
 	}
@@ -634,8 +647,8 @@ func queueConfig(cfg Config, n int) dispatch.Config {
 		Dispatchers: n, Instances: cfg.QueueInstances, HistoryEvents: 1, EventBytes: 1}
 }
 
-func migrateSchema(ctx context.Context, dsn, schema string, version int64) error {
-	if err := migrate.To(ctx, dsn, schema, version); err != nil {
+func migrateSchema(ctx context.Context, src *dbconn.Source, schema string, version int64) error {
+	if err := migrate.To(ctx, src.Config(), schema, version); err != nil {
 		return fmt.Errorf("bench: %w", err)
 	}
 	return nil
@@ -643,14 +656,18 @@ func migrateSchema(ctx context.Context, dsn, schema string, version int64) error
 
 // timeMigration creates a fresh database, times Up 0 -> version in it
 // (opening the runner included) and drops it.
-func timeMigration(ctx context.Context, srv *pgtest.Server, version int64) (float64, error) {
+func timeMigration(ctx context.Context, srv Databases, version int64) (float64, error) {
 	db, err := srv.CreateDatabase(ctx, "harness_bench_migrate_", "")
 	if err != nil {
 		return 0, err
 	}
 	defer func() { _ = srv.DropDatabase(context.Background(), db) }()
+	src, err := srv.Source(db)
+	if err != nil {
+		return 0, err
+	}
 	start := time.Now()
-	if err := migrateSchema(ctx, srv.DSN(db), migrate.DefaultSchema, version); err != nil {
+	if err := migrateSchema(ctx, src, migrate.DefaultSchema, version); err != nil {
 		return 0, err
 	}
 	return float64(time.Since(start).Microseconds()) / 1000, nil
@@ -667,8 +684,8 @@ func emptiedTables() []string {
 
 // snapshot records the seeded state of p.schema (bench_snap_<table>
 // tables in the same schema); dropHistory first deletes the seeded history.
-func snapshot(ctx context.Context, dsn string, p prepared, dropHistory bool) error {
-	conn, err := pgx.Connect(ctx, dsn)
+func snapshot(ctx context.Context, src *dbconn.Source, p prepared, dropHistory bool) error {
+	conn, err := src.Connect(ctx)
 	if err != nil {
 		return err
 	}
@@ -692,8 +709,8 @@ func snapshot(ctx context.Context, dsn string, p prepared, dropHistory bool) err
 // restored, locks, worker queue, KV and sessions emptied, history cut back
 // to the seeded events, then VACUUM ANALYZE, so that dead rows of earlier
 // runs do not weigh on the next.
-func reset(ctx context.Context, dsn string, p prepared) error {
-	conn, err := pgx.Connect(ctx, dsn)
+func reset(ctx context.Context, src *dbconn.Source, p prepared) error {
+	conn, err := src.Connect(ctx)
 	if err != nil {
 		return err
 	}
@@ -718,13 +735,13 @@ func reset(ctx context.Context, dsn string, p prepared) error {
 	return nil
 }
 
-func runDispatch(ctx context.Context, dsn string, p prepared, dcfg dispatch.Config, cpu *serverCPU) (Sample, error) {
-	if err := reset(ctx, dsn, p); err != nil {
+func runDispatch(ctx context.Context, src *dbconn.Source, p prepared, dcfg dispatch.Config, cpu *serverCPU) (Sample, error) {
+	if err := reset(ctx, src, p); err != nil {
 		return Sample{}, err
 	}
 	dcfg.Schema = p.schema
 	w := cpu.begin()
-	log, err := dispatch.Run(ctx, dsn, dcfg)
+	log, err := dispatch.Run(ctx, src, dcfg)
 	if err != nil {
 		return Sample{}, err
 	}
@@ -734,12 +751,12 @@ func runDispatch(ctx context.Context, dsn string, p prepared, dcfg dispatch.Conf
 	return s, nil
 }
 
-func runBareCell(ctx context.Context, dsn string, p prepared, n int, cfg Config, cpu *serverCPU) (Sample, error) {
-	if err := reset(ctx, dsn, p); err != nil {
+func runBareCell(ctx context.Context, src *dbconn.Source, p prepared, n int, cfg Config, cpu *serverCPU) (Sample, error) {
+	if err := reset(ctx, src, p); err != nil {
 		return Sample{}, err
 	}
 	w := cpu.begin()
-	s, err := runBare(ctx, dsn, p.schema, n, cfg.Duration, cfg.QueueLockTimeout, cfg.PollInterval)
+	s, err := runBare(ctx, src, p.schema, n, cfg.Duration, cfg.QueueLockTimeout, cfg.PollInterval)
 	if err != nil {
 		return Sample{}, err
 	}
@@ -747,8 +764,8 @@ func runBareCell(ctx context.Context, dsn string, p prepared, n int, cfg Config,
 	return s, nil
 }
 
-func serverVersion(ctx context.Context, dsn string) string {
-	conn, err := pgx.Connect(ctx, dsn)
+func serverVersion(ctx context.Context, src *dbconn.Source) string {
+	conn, err := src.Connect(ctx)
 	if err != nil {
 		return "unknown"
 	}

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5"
+	"github.com/duroxide-pg/migrations/internal/dbconn"
 )
 
 // clockTicks is the kernel's USER_HZ, the unit of the CPU times in
@@ -25,11 +25,11 @@ type serverCPU struct {
 	postmaster int
 }
 
-// newServerCPU finds the postmaster of the server behind dsn through a
+// newServerCPU finds the postmaster of the server behind src through a
 // backend's parent; nil, with the reason, when the server's processes are
 // not visible here (another host, a container, another pid namespace).
-func newServerCPU(ctx context.Context, dsn string) (*serverCPU, string) {
-	conn, err := pgx.Connect(ctx, dsn)
+func newServerCPU(ctx context.Context, src *dbconn.Source) (*serverCPU, string) {
+	conn, err := src.Connect(ctx)
 	if err != nil {
 		return nil, "n/a (" + err.Error() + ")"
 	}

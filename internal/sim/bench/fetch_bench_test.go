@@ -6,11 +6,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/duroxide-pg/migrations/internal/sim/dispatch"
 	"github.com/duroxide-pg/migrations/internal/sim/orch"
 	"github.com/duroxide-pg/migrations/internal/sim/simconfig"
+	"github.com/duroxide-pg/migrations/internal/testenv/testdb"
 )
 
 // BenchmarkFetchUncontended times one fetch_orchestration_item call, on
@@ -28,18 +27,18 @@ func BenchmarkFetchUncontended(b *testing.B) {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { _ = s.DropDatabase(context.Background(), db) })
-	dsn := s.DSN(db)
+	src := testdb.MustSource(b, s.DSN(db))
 	bug, fix := Versions()
 	for _, v := range []int64{bug, fix} {
 		schema := fmt.Sprintf("micro_v%d", v)
-		if err := migrateSchema(ctx, dsn, schema, v); err != nil {
+		if err := migrateSchema(ctx, src, schema, v); err != nil {
 			b.Fatal(err)
 		}
-		if _, err := dispatch.Seed(ctx, dsn, dispatch.Config{Run: simconfig.Run{Schema: schema}, Instances: 1, HistoryEvents: 500, EventBytes: 250}); err != nil {
+		if _, err := dispatch.Seed(ctx, src, dispatch.Config{Run: simconfig.Run{Schema: schema}, Instances: 1, HistoryEvents: 500, EventBytes: 250}); err != nil {
 			b.Fatal(err)
 		}
 		b.Run(fmt.Sprintf("v%d", v), func(b *testing.B) {
-			conn, err := pgx.Connect(ctx, dsn)
+			conn, err := src.Connect(ctx)
 			if err != nil {
 				b.Fatal(err)
 			}

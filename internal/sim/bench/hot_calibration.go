@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/duroxide-pg/migrations/internal/dbconn"
 	"github.com/duroxide-pg/migrations/internal/sim/dispatch"
 )
 
@@ -23,8 +24,8 @@ const hotLockTimeoutFactor = 3.5
 // fetch times keeps "no dead lease after the fix" a fair target on a fast
 // idle machine and on a slow busy one. Calibrate reseeds p with the same
 // rows, so p's snapshot still describes it.
-func calibrateHot(ctx context.Context, dsn string, p prepared, cfg Config) (dispatch.Calibration, error) {
-	cal, err := dispatch.Calibrate(ctx, dsn, p.schema, hotConfig(cfg), hotLockTimeoutFactor)
+func calibrateHot(ctx context.Context, src *dbconn.Source, p prepared, cfg Config) (dispatch.Calibration, error) {
+	cal, err := dispatch.Calibrate(ctx, src, p.schema, hotConfig(cfg), hotLockTimeoutFactor)
 	if err != nil {
 		return dispatch.Calibration{}, fmt.Errorf("bench: calibrate the hot lock timeout on %s: %w", p.schema, err)
 	}

@@ -25,6 +25,7 @@ import (
 
 	migrations "github.com/duroxide-pg/migrations"
 	"github.com/duroxide-pg/migrations/harness/ops/migrate"
+	"github.com/duroxide-pg/migrations/internal/dbconn"
 	"github.com/duroxide-pg/migrations/internal/testenv/upstream"
 )
 
@@ -189,15 +190,15 @@ func (c Config) validateRuntime() error {
 // column list has a space before its parenthesis).
 var schemaCall = regexp.MustCompile(`"?([a-z0-9_]+)"?\.([a-z0-9_]+)\(`)
 
-// runRuntime runs the runtime scenario on dsn's database.
-func runRuntime(ctx context.Context, dsn string, cfg Config, cpu *serverCPU, note func(round int, label string)) (*RuntimeBench, error) {
+// runRuntime runs the runtime scenario on src's database.
+func runRuntime(ctx context.Context, src *dbconn.Source, cfg Config, cpu *serverCPU, note func(round int, label string)) (*RuntimeBench, error) {
 	p, err := upstream.Find()
 	if err != nil {
 		return nil, fmt.Errorf("bench: runtime scenario: %w", err)
 	}
 	prev, latest := RuntimeVersions()
 	out := &RuntimeBench{Addon: upstream.AddonPackage, PreviousVersion: prev, LatestVersion: latest, Cells: runtimeCells(cfg)}
-	conn, err := pgx.Connect(ctx, dsn)
+	conn, err := src.Connect(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("bench: runtime scenario: %w", err)
 	}
@@ -224,7 +225,7 @@ func runRuntime(ctx context.Context, dsn string, cfg Config, cpu *serverCPU, not
 				run++
 				schema := fmt.Sprintf("bench_rt_%s_%d", side, run)
 				note(round, fmt.Sprintf("%s %s", c.Name(), side))
-				s, err := runtimeRun(ctx, p, conn, dsn, schema, side, c, cfg, cpu, statements)
+				s, err := runtimeRun(ctx, p, conn, src, schema, side, c, cfg, cpu, statements)
 				if err != nil {
 					return nil, fmt.Errorf("bench: %s %s round %d: %w", c.Name(), side, round, err)
 				}
@@ -236,7 +237,7 @@ func runRuntime(ctx context.Context, dsn string, cfg Config, cpu *serverCPU, not
 		out.Cells[i].computeFigures()
 	}
 	if statements {
-		if out.Nested, err = nestedPasses(ctx, p, conn, dsn, out, cfg, note); err != nil {
+		if out.Nested, err = nestedPasses(ctx, p, conn, src, out, cfg, note); err != nil {
 			return nil, err
 		}
 	}
@@ -246,7 +247,7 @@ func runRuntime(ctx context.Context, dsn string, cfg Config, cpu *serverCPU, not
 // nestedPasses runs the largest load cell once more on upstream and latest
 // with track = all (set on the database, so the runtime's new sessions
 // take it), and lists each run's costliest statements.
-func nestedPasses(ctx context.Context, p *upstream.Provider, conn *pgx.Conn, dsn string, rb *RuntimeBench, cfg Config, note func(round int, label string)) ([]NestedPass, error) {
+func nestedPasses(ctx context.Context, p *upstream.Provider, conn *pgx.Conn, src *dbconn.Source, rb *RuntimeBench, cfg Config, note func(round int, label string)) ([]NestedPass, error) {
 	var cell *RuntimeCell
 	for i := range rb.Cells {
 		if rb.Cells[i].FanIn == 0 && !rb.Cells[i].OneAtATime && (cell == nil || rb.Cells[i].Orchestrations > cell.Orchestrations) {
@@ -272,7 +273,7 @@ func nestedPasses(ctx context.Context, p *upstream.Provider, conn *pgx.Conn, dsn
 	for _, side := range []string{runtimeUpstream, runtimeLatest} {
 		note(cfg.Rounds, fmt.Sprintf("%s %s, track = all", cell.Name(), side))
 		schema := "bench_rt_nested_" + side
-		if _, err := runtimeRun(ctx, p, conn, dsn, schema, side, cell, cfg, nil, true); err != nil {
+		if _, err := runtimeRun(ctx, p, conn, src, schema, side, cell, cfg, nil, true); err != nil {
 			return nil, fmt.Errorf("bench: %s %s (track = all): %w", cell.Name(), side, err)
 		}
 		top, err := topStatements(ctx, conn)
@@ -309,16 +310,16 @@ func topStatements(ctx context.Context, conn *pgx.Conn) ([]StatementStat, error)
 
 // runtimeRun makes schema for side, runs the cell's load on it with the
 // real runtime, reads the statements' figures and drops the schema.
-func runtimeRun(ctx context.Context, p *upstream.Provider, conn *pgx.Conn, dsn, schema, side string, c *RuntimeCell, cfg Config, cpu *serverCPU, statements bool) (RuntimeSample, error) {
+func runtimeRun(ctx context.Context, p *upstream.Provider, conn *pgx.Conn, src *dbconn.Source, schema, side string, c *RuntimeCell, cfg Config, cpu *serverCPU, statements bool) (RuntimeSample, error) {
 	prev, latest := RuntimeVersions()
 	var err error
 	switch side {
 	case runtimeUpstream:
-		err = p.Migrate(ctx, dsn, schema)
+		err = p.Migrate(ctx, src, schema)
 	case runtimePrevious:
-		err = migrate.To(ctx, dsn, schema, prev)
+		err = migrate.To(ctx, src.Config(), schema, prev)
 	default:
-		err = migrate.To(ctx, dsn, schema, latest)
+		err = migrate.To(ctx, src.Config(), schema, latest)
 	}
 	if err != nil {
 		return RuntimeSample{}, err
@@ -336,7 +337,7 @@ func runtimeRun(ctx context.Context, p *upstream.Provider, conn *pgx.Conn, dsn, 
 		scenario = upstream.Scenario{Name: "fanout", Key: "load", Count: c.FanIn}
 	}
 	w := cpu.begin()
-	res, err := p.RunRuntime(ctx, dsn, upstream.Run{
+	res, err := p.RunRuntime(ctx, src, upstream.Run{
 		Schema:    schema,
 		Runtime:   upstream.RuntimeOptions{OrchestrationConcurrency: c.OrchestrationConcurrency, WorkerConcurrency: c.WorkerConcurrency},
 		Scenarios: []upstream.Scenario{scenario},

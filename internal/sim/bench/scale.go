@@ -6,6 +6,7 @@ import (
 	"slices"
 
 	migrations "github.com/duroxide-pg/migrations"
+	"github.com/duroxide-pg/migrations/internal/dbconn"
 )
 
 // The scale scenario (issue 15): what one fetch_orchestration_item costs
@@ -183,11 +184,11 @@ func (c Config) validateScale() error {
 // runScale runs the scale scenario: it migrates one schema per side, then
 // for each cell seeds both sides (the idle cell keeps the seeding of the
 // cell before it) and runs its rounds, before then after in each.
-func runScale(ctx context.Context, dsn string, cfg Config, cpu *serverCPU, note func(round int, label string)) ([]ScaleCell, error) {
+func runScale(ctx context.Context, src *dbconn.Source, cfg Config, cpu *serverCPU, note func(round int, label string)) ([]ScaleCell, error) {
 	before, after := ScaleVersions()
 	schemas := map[string]string{sideBefore: "bench_scale_before", sideAfter: "bench_scale_after"}
 	for side, v := range map[string]int64{sideBefore: before, sideAfter: after} {
-		if err := migrateSchema(ctx, dsn, schemas[side], v); err != nil {
+		if err := migrateSchema(ctx, src, schemas[side], v); err != nil {
 			return nil, err
 		}
 	}
@@ -198,7 +199,7 @@ func runScale(ctx context.Context, dsn string, cfg Config, cpu *serverCPU, note 
 		if c.Kind != scaleIdleKind {
 			seeded = map[string]int{}
 			for _, side := range []string{sideBefore, sideAfter} {
-				n, err := seedScale(ctx, dsn, schemas[side], shapeOf(c))
+				n, err := seedScale(ctx, src, schemas[side], shapeOf(c))
 				if err != nil {
 					return nil, fmt.Errorf("bench: %s: %w", c.Name(), err)
 				}
@@ -208,7 +209,7 @@ func runScale(ctx context.Context, dsn string, cfg Config, cpu *serverCPU, note 
 		c.SeededBlocked = seeded
 		for round := 1; round <= cfg.Rounds; round++ {
 			err := c.runRound(round, "scale "+c.Name(), note, func(side string) (scaleSample, error) {
-				return measureScale(ctx, dsn, schemas[side], c, cfg, cpu)
+				return measureScale(ctx, src, schemas[side], c, cfg, cpu)
 			})
 			if err != nil {
 				return nil, err

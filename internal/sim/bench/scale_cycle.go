@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/duroxide-pg/migrations/internal/dbconn"
 	"github.com/duroxide-pg/migrations/internal/sim/dispatch"
 	"github.com/duroxide-pg/migrations/internal/sim/orch"
 )
@@ -24,8 +25,8 @@ const scaleAckMetadata = `{"orchestration_name":null,"orchestration_version":nul
 // enqueueing the instance's next message (so the next fetch finds one).
 // It records the fetch (early, steady), the ack and the whole cycle
 // (steady) and the server CPU per cycle, then takes the message out again.
-func cycles(ctx context.Context, dsn, schema string, calls int, cpu *serverCPU, s *scaleSample) error {
-	admin, err := connect(ctx, dsn, "cycle setup")
+func cycles(ctx context.Context, src *dbconn.Source, schema string, calls int, cpu *serverCPU, s *scaleSample) error {
+	admin, err := connect(ctx, src, "cycle setup")
 	if err != nil {
 		return err
 	}
@@ -39,7 +40,7 @@ func cycles(ctx context.Context, dsn, schema string, calls int, cpu *serverCPU, 
 		" WHERE instance_id = $1", instance).Scan(&next); err != nil {
 		return fmt.Errorf("scale: cycle: next event id: %w", err)
 	}
-	conn, err := connect(ctx, dsn, "cycles")
+	conn, err := connect(ctx, src, "cycles")
 	if err != nil {
 		return err
 	}

@@ -7,6 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/duroxide-pg/migrations/internal/dbconn"
 	"github.com/duroxide-pg/migrations/internal/sim/clock"
 	"github.com/duroxide-pg/migrations/internal/sim/orch"
 )
@@ -16,25 +17,25 @@ import (
 const scaleLockTimeoutMs = 30000
 
 // measureScale runs one side of one round of cell c on schema.
-func measureScale(ctx context.Context, dsn, schema string, c *ScaleCell, cfg Config, cpu *serverCPU) (scaleSample, error) {
+func measureScale(ctx context.Context, src *dbconn.Source, schema string, c *ScaleCell, cfg Config, cpu *serverCPU) (scaleSample, error) {
 	var s scaleSample
 	switch c.Kind {
 	case scaleIdleKind:
-		return s, idlePolls(ctx, dsn, schema, c, cpu, &s)
+		return s, idlePolls(ctx, src, schema, c, cpu, &s)
 	case scaleBlockedKind:
-		if err := emptyFetches(ctx, dsn, schema, c.Calls, cpu, &s); err != nil {
+		if err := emptyFetches(ctx, src, schema, c.Calls, cpu, &s); err != nil {
 			return s, err
 		}
-		return s, rowFetches(ctx, dsn, schema, c.Calls, c.Claimable, &s)
+		return s, rowFetches(ctx, src, schema, c.Calls, c.Claimable, &s)
 	case scaleCompletedKind:
-		if err := emptyFetches(ctx, dsn, schema, c.Calls, cpu, &s); err != nil {
+		if err := emptyFetches(ctx, src, schema, c.Calls, cpu, &s); err != nil {
 			return s, err
 		}
-		if err := cycles(ctx, dsn, schema, c.Calls, cpu, &s); err != nil {
+		if err := cycles(ctx, src, schema, c.Calls, cpu, &s); err != nil {
 			return s, err
 		}
 		if c.LargeHistory > 0 {
-			return s, largeFetches(ctx, dsn, schema, c.Calls, &s)
+			return s, largeFetches(ctx, src, schema, c.Calls, &s)
 		}
 		return s, nil
 	}
@@ -42,8 +43,8 @@ func measureScale(ctx context.Context, dsn, schema string, c *ScaleCell, cfg Con
 }
 
 // connect opens a fresh session (a fresh PL/pgSQL plan cache).
-func connect(ctx context.Context, dsn, what string) (*pgx.Conn, error) {
-	conn, err := pgx.Connect(ctx, dsn)
+func connect(ctx context.Context, src *dbconn.Source, what string) (*pgx.Conn, error) {
+	conn, err := src.Connect(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("scale: connect (%s): %w", what, err)
 	}
@@ -63,8 +64,8 @@ func fetchNow(ctx context.Context, q orch.Querier, c orch.Client) (*orch.Item, i
 // poll, and records their early and steady latency and the server CPU per
 // call. A call that returns a row after all is counted and its lease
 // handed back, so that the next call sees the same queue.
-func emptyFetches(ctx context.Context, dsn, schema string, calls int, cpu *serverCPU, s *scaleSample) error {
-	conn, err := connect(ctx, dsn, "empty fetches")
+func emptyFetches(ctx context.Context, src *dbconn.Source, schema string, calls int, cpu *serverCPU, s *scaleSample) error {
+	conn, err := connect(ctx, src, "empty fetches")
 	if err != nil {
 		return err
 	}
@@ -96,8 +97,8 @@ func emptyFetches(ctx context.Context, dsn, schema string, calls int, cpu *serve
 // rowFetches queues one message for each of claimable ready instances
 // behind the blocked ones and times calls one-row fetches
 // (rolledBackFetches).
-func rowFetches(ctx context.Context, dsn, schema string, calls, claimable int, s *scaleSample) error {
-	lat, rows, err := rolledBackFetches(ctx, dsn, schema, calls, "one-row fetch", func(ctx context.Context, admin *pgx.Conn) error {
+func rowFetches(ctx context.Context, src *dbconn.Source, schema string, calls, claimable int, s *scaleSample) error {
+	lat, rows, err := rolledBackFetches(ctx, src, schema, calls, "one-row fetch", func(ctx context.Context, admin *pgx.Conn) error {
 		return readyMessages(ctx, admin, schema, claimable)
 	})
 	s.RowCalls, s.RowRowsReturned = len(lat), rows
@@ -108,8 +109,8 @@ func rowFetches(ctx context.Context, dsn, schema string, calls, claimable int, s
 // largeFetches queues a message for the large-history instance and times
 // calls fetches of it (rolledBackFetches): against the cycle's fetch of a
 // small instance, the cost of loading a history.
-func largeFetches(ctx context.Context, dsn, schema string, calls int, s *scaleSample) error {
-	lat, rows, err := rolledBackFetches(ctx, dsn, schema, calls, "large-history fetch", func(ctx context.Context, admin *pgx.Conn) error {
+func largeFetches(ctx context.Context, src *dbconn.Source, schema string, calls int, s *scaleSample) error {
+	lat, rows, err := rolledBackFetches(ctx, src, schema, calls, "large-history fetch", func(ctx context.Context, admin *pgx.Conn) error {
 		return bigMessage(ctx, admin, schema)
 	})
 	s.LargeCalls, s.LargeRowsReturned = len(lat), rows
@@ -122,9 +123,9 @@ func largeFetches(ctx context.Context, dsn, schema string, calls int, s *scaleSa
 // (so every call sees the same queue and claims the same instance), and
 // takes the queued messages out again. It returns the latency of each
 // call (µs) and how many returned a row.
-func rolledBackFetches(ctx context.Context, dsn, schema string, calls int, what string,
+func rolledBackFetches(ctx context.Context, src *dbconn.Source, schema string, calls int, what string,
 	queue func(ctx context.Context, admin *pgx.Conn) error) ([]int64, int, error) {
-	admin, err := connect(ctx, dsn, what+" setup")
+	admin, err := connect(ctx, src, what+" setup")
 	if err != nil {
 		return nil, 0, err
 	}
@@ -132,7 +133,7 @@ func rolledBackFetches(ctx context.Context, dsn, schema string, calls int, what 
 	if err := queue(ctx, admin); err != nil {
 		return nil, 0, err
 	}
-	conn, err := connect(ctx, dsn, what)
+	conn, err := connect(ctx, src, what)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -166,7 +167,7 @@ func rolledBackFetches(ctx context.Context, dsn, schema string, calls int, what 
 // It records the server CPU per second of run, the polls completed per
 // second and their median latency. Calls still running at the end are
 // cancelled.
-func idlePolls(ctx context.Context, dsn, schema string, c *ScaleCell, cpu *serverCPU, s *scaleSample) error {
+func idlePolls(ctx context.Context, src *dbconn.Source, schema string, c *ScaleCell, cpu *serverCPU, s *scaleSample) error {
 	conns := make([]*pgx.Conn, c.Dispatchers)
 	closeAll := func() {
 		for i, conn := range conns {
@@ -179,7 +180,7 @@ func idlePolls(ctx context.Context, dsn, schema string, c *ScaleCell, cpu *serve
 	defer closeAll()
 	for i := range conns {
 		var err error
-		if conns[i], err = connect(ctx, dsn, fmt.Sprintf("idle dispatcher %d", i+1)); err != nil {
+		if conns[i], err = connect(ctx, src, fmt.Sprintf("idle dispatcher %d", i+1)); err != nil {
 			return err
 		}
 	}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/duroxide-pg/migrations/internal/dbconn"
 	"github.com/duroxide-pg/migrations/internal/sim/dispatch"
 )
 
@@ -83,8 +84,8 @@ func historyEventSQL(id, e, n, done, ts, pad string) string {
 // dispatch.DuroxideVersion, so the runtime's version filter is evaluated.
 // It returns the number of messages that are unclaimed, visible and behind
 // a live lease, by the database's count.
-func seedScale(ctx context.Context, dsn, schema string, s scaleShape) (int, error) {
-	conn, err := pgx.Connect(ctx, dsn)
+func seedScale(ctx context.Context, src *dbconn.Source, schema string, s scaleShape) (int, error) {
+	conn, err := src.Connect(ctx)
 	if err != nil {
 		return 0, fmt.Errorf("seed scale %s: connect: %w", schema, err)
 	}

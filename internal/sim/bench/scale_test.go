@@ -10,12 +10,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	migrations "github.com/duroxide-pg/migrations"
 	"github.com/duroxide-pg/migrations/internal/sim/dispatch"
 	"github.com/duroxide-pg/migrations/internal/sim/orch"
+	"github.com/duroxide-pg/migrations/internal/testenv/testdb"
 )
 
 func TestScaleComparesTheVersionBeforeTheFirstFetchFixWithTheLatest(t *testing.T) {
@@ -132,16 +132,16 @@ func TestScaleSeedingMatchesTheRuntimesShapes(t *testing.T) {
 	db, err := s.CreateDatabase(ctx, "harness_bench_scale_", "")
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = s.DropDatabase(context.Background(), db) })
-	dsn := s.DSN(db)
+	src := testdb.MustSource(t, s.DSN(db))
 	before, _ := ScaleVersions()
-	require.NoError(t, migrateSchema(ctx, dsn, "seeded", before))
+	require.NoError(t, migrateSchema(ctx, src, "seeded", before))
 
-	n, err := seedScale(ctx, dsn, "seeded", scaleShape{Leased: 5, Blocked: 37, Ready: 2, Completed: 4, CompletedHistory: 10,
+	n, err := seedScale(ctx, src, "seeded", scaleShape{Leased: 5, Blocked: 37, Ready: 2, Completed: 4, CompletedHistory: 10,
 		Large: 1, LargeHistory: 50, EventBytes: 250})
 	require.NoError(t, err)
 	require.Equal(t, 37, n, "exactly K messages behind live leases")
 
-	conn, err := pgx.Connect(ctx, dsn)
+	conn, err := src.Connect(ctx)
 	require.NoError(t, err)
 	defer conn.Close(context.Background())
 	var item, event string

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/duroxide-pg/migrations/internal/dbconn"
 	"github.com/duroxide-pg/migrations/internal/sim/simconfig"
 	"github.com/duroxide-pg/migrations/internal/sim/worker"
 )
@@ -83,11 +84,11 @@ func workerCellConfig(cfg Config, schema string, n, sessions int) worker.Config 
 func workerSessions(n int) int { return 2 * n }
 
 // runWorkerCell seeds schema and runs one worker cell on it.
-func runWorkerCell(ctx context.Context, dsn string, wcfg worker.Config) (WorkerSample, error) {
-	if _, err := worker.Seed(ctx, dsn, wcfg); err != nil {
+func runWorkerCell(ctx context.Context, src *dbconn.Source, wcfg worker.Config) (WorkerSample, error) {
+	if _, err := worker.Seed(ctx, src, wcfg); err != nil {
 		return WorkerSample{}, err
 	}
-	log, err := worker.Run(ctx, dsn, wcfg)
+	log, err := worker.Run(ctx, src, wcfg)
 	if err != nil {
 		return WorkerSample{}, err
 	}
@@ -106,18 +107,18 @@ func runWorkerCell(ctx context.Context, dsn string, wcfg worker.Config) (WorkerS
 // workerBench runs the worker cells of one round: for each worker count,
 // without then with sessions, before then after.
 type workerBench struct {
-	dsn     string
+	src     *dbconn.Source
 	cfg     Config
 	schemas map[string]string // by side
 	cells   []WorkerCell
 }
 
-func newWorkerBench(ctx context.Context, dsn string, cfg Config) (*workerBench, error) {
+func newWorkerBench(ctx context.Context, src *dbconn.Source, cfg Config) (*workerBench, error) {
 	bug, fix := WorkerVersions()
-	wb := &workerBench{dsn: dsn, cfg: cfg, schemas: map[string]string{}}
+	wb := &workerBench{src: src, cfg: cfg, schemas: map[string]string{}}
 	for side, v := range map[string]int64{sideBefore: bug, sideAfter: fix} {
 		wb.schemas[side] = "bench_worker_" + side
-		if err := migrateSchema(ctx, dsn, wb.schemas[side], v); err != nil {
+		if err := migrateSchema(ctx, src, wb.schemas[side], v); err != nil {
 			return nil, err
 		}
 	}
@@ -135,7 +136,7 @@ func (wb *workerBench) round(ctx context.Context, round int, note func(round int
 	for i := range wb.cells {
 		c := &wb.cells[i]
 		err := c.runRound(round, c.Name(), note, func(side string) (WorkerSample, error) {
-			return runWorkerCell(ctx, wb.dsn, workerCellConfig(wb.cfg, wb.schemas[side], c.Workers, c.Sessions))
+			return runWorkerCell(ctx, wb.src, workerCellConfig(wb.cfg, wb.schemas[side], c.Workers, c.Sessions))
 		})
 		if err != nil {
 			return err

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"sort"
 	"time"
+
+	"github.com/duroxide-pg/migrations/internal/dbconn"
 )
 
 // Calibration is the measurement behind a calibrated lock timeout.
@@ -28,18 +30,18 @@ type Calibration struct {
 // lock timeout: factor x the median of 9 fetches, rounded up to 10 ms,
 // within [50 ms, 5 s]. Why a timeout in fetch times, and why the median:
 // docs/BENCH.md, "The calibrated lock timeout".
-func Calibrate(ctx context.Context, dsn, schema string, cfg Config, factor float64) (Calibration, error) {
+func Calibrate(ctx context.Context, src *dbconn.Source, schema string, cfg Config, factor float64) (Calibration, error) {
 	if factor <= 0 {
 		return Calibration{}, fmt.Errorf("dispatch: calibrate: factor %g: want > 0", factor)
 	}
 	cfg.Schema = schema
 	cfg.LockTimeout = time.Minute
 	cfg = cfg.WithDefaults()
-	if _, err := Seed(ctx, dsn, cfg); err != nil {
+	if _, err := Seed(ctx, src, cfg); err != nil {
 		return Calibration{}, fmt.Errorf("dispatch: calibrate: %w", err)
 	}
 	const samples = 9
-	lat, err := MeasureFetch(ctx, dsn, schema, samples)
+	lat, err := MeasureFetch(ctx, src, schema, samples)
 	if err != nil {
 		return Calibration{}, fmt.Errorf("dispatch: calibrate: %w", err)
 	}

@@ -43,6 +43,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/duroxide-pg/migrations/internal/dbconn"
 	"github.com/duroxide-pg/migrations/internal/sim/clock"
 	"github.com/duroxide-pg/migrations/internal/sim/defaults"
 	"github.com/duroxide-pg/migrations/internal/sim/orch"
@@ -81,10 +82,10 @@ type Config struct {
 	// MaxAttempts is the runtime's max_attempts: a batch whose attempt_count
 	// exceeds it is poisoned. Default 10.
 	MaxAttempts int `json:"max_attempts"`
-	// ConnectDSN, when not empty, is what the dispatchers connect with
-	// instead of Run's DSN (for example through PgBouncer); seeding and
-	// reading the queue keep Run's DSN.
-	ConnectDSN string `json:"-"`
+	// Via, when not nil, is where the dispatchers connect instead of the
+	// run's Source (for example through PgBouncer); seeding and reading the
+	// queue keep the run's Source.
+	Via *dbconn.Source `json:"-"`
 	// ShutdownGrace is how long turns in progress may go on (and ack)
 	// after the run ends. Default 1 s: the runtime's shutdown(None) waits
 	// that long before it aborts its workers.
@@ -98,7 +99,7 @@ type Config struct {
 // dispatcher's calls one at a time.
 type Hooks struct {
 	// Connect opens dispatcher's connection from cfg (parsed from
-	// ConnectDSN or Run's DSN: a copy the hook may change), for the first
+	// Via or the run's Source: a copy the hook may change), for the first
 	// connection and again after one was lost or dropped by a crash.
 	// Default: pgx.ConnectConfig, once.
 	Connect func(ctx context.Context, dispatcher int, cfg *pgx.ConnConfig) (*pgx.Conn, error)
@@ -170,28 +171,25 @@ func (c Config) SkewFor(i, n int) time.Duration {
 	return clock.Spread(-c.Skew, c.Skew, i, n)
 }
 
-// Run seeds nothing: it runs cfg.Dispatchers dispatchers against dsn for
+// Run seeds nothing: it runs cfg.Dispatchers dispatchers against src for
 // cfg.Duration (or until ctx is cancelled) and returns their log. Every
 // connection is closed and every goroutine has ended when it returns.
-func Run(ctx context.Context, dsn string, cfg Config) (*Log, error) {
+func Run(ctx context.Context, src *dbconn.Source, cfg Config) (*Log, error) {
 	log := NewLog()
-	return log, RunLog(ctx, dsn, cfg, log)
+	return log, RunLog(ctx, src, cfg, log)
 }
 
 // RunLog is Run recording into a log the caller already holds (to watch it
 // while it runs).
-func RunLog(ctx context.Context, dsn string, cfg Config, log *Log) error {
+func RunLog(ctx context.Context, src *dbconn.Source, cfg Config, log *Log) error {
 	cfg, err := simconfig.Ready(cfg)
 	if err != nil {
 		return err
 	}
-	if cfg.ConnectDSN != "" {
-		dsn = cfg.ConnectDSN
+	if cfg.Via != nil {
+		src = cfg.Via
 	}
-	connCfg, err := pgx.ParseConfig(dsn)
-	if err != nil {
-		return fmt.Errorf("dispatch: parse DSN: %w", err)
-	}
+	connCfg := src.Config()
 	ds := make([]*dispatcher, cfg.Dispatchers)
 	for i := range ds {
 		ds[i] = &dispatcher{

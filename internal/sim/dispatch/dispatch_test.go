@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/duroxide-pg/migrations/internal/dbconn"
 	"github.com/duroxide-pg/migrations/internal/sim/dispatch"
 	"github.com/duroxide-pg/migrations/internal/sim/simconfig"
 	"github.com/duroxide-pg/migrations/internal/testenv/pgtest"
@@ -205,16 +206,16 @@ func TestConservationFindsLostAndDoubledMessages(t *testing.T) {
 	require.ErrorContains(t, dispatch.Conservation([]string{"m-0-0"}, doubled, []string{"m-1-1"}), "m-0-0 consumed 2 times")
 }
 
-// newDB returns a fresh database at version, its schema and DSN.
-func newDB(t *testing.T, version int64) (dsn, schema string) {
+// newDB returns a fresh database at version: its connections and schema.
+func newDB(t *testing.T, version int64) (src *dbconn.Source, schema string) {
 	t.Helper()
 	db := dbs.New(t, version)
-	return db.DSN, db.Schema
+	return db.Source, db.Schema
 }
 
-func queryRow[T any](t *testing.T, dsn, sql string, args ...any) T {
+func queryRow[T any](t *testing.T, src *dbconn.Source, sql string, args ...any) T {
 	t.Helper()
-	conn, err := pgx.Connect(context.Background(), dsn)
+	conn, err := src.Connect(context.Background())
 	require.NoError(t, err)
 	defer conn.Close(context.Background())
 	var v T
@@ -223,44 +224,44 @@ func queryRow[T any](t *testing.T, dsn, sql string, args ...any) T {
 }
 
 func TestSeedCreatesRunningInstances(t *testing.T) {
-	dsn, schema := newDB(t, 20)
+	src, schema := newDB(t, 20)
 	cfg := dispatch.Config{Run: simconfig.Run{Schema: schema}, Instances: 3, HistoryEvents: 40, EventBytes: 250}
-	info, err := dispatch.Seed(context.Background(), dsn, cfg)
+	info, err := dispatch.Seed(context.Background(), src, cfg)
 	require.NoError(t, err)
 	require.Equal(t, []string{"organic-0000", "organic-0001", "organic-0002"}, info.Instances)
 	require.Equal(t, []string{"m-0-0", "m-0-1", "m-0-2"}, info.Messages)
 
-	require.Equal(t, int64(120), queryRow[int64](t, dsn, "SELECT count(*) FROM "+schema+".history"))
-	require.Equal(t, int64(3), queryRow[int64](t, dsn, "SELECT count(*) FROM "+schema+".executions WHERE status = 'Running' AND duroxide_version_minor = 1 AND duroxide_version_patch = 29"))
-	avg := queryRow[float64](t, dsn, "SELECT avg(length(event_data))::float8 FROM "+schema+".history WHERE event_id BETWEEN 1 AND 39")
+	require.Equal(t, int64(120), queryRow[int64](t, src, "SELECT count(*) FROM "+schema+".history"))
+	require.Equal(t, int64(3), queryRow[int64](t, src, "SELECT count(*) FROM "+schema+".executions WHERE status = 'Running' AND duroxide_version_minor = 1 AND duroxide_version_patch = 29"))
+	avg := queryRow[float64](t, src, "SELECT avg(length(event_data))::float8 FROM "+schema+".history WHERE event_id BETWEEN 1 AND 39")
 	require.InDelta(t, 250, avg, 5)
 	var first map[string]any
-	require.NoError(t, json.Unmarshal([]byte(queryRow[string](t, dsn, "SELECT event_data FROM "+schema+".history WHERE instance_id = 'organic-0001' AND event_id = 1")), &first))
+	require.NoError(t, json.Unmarshal([]byte(queryRow[string](t, src, "SELECT event_data FROM "+schema+".history WHERE instance_id = 'organic-0001' AND event_id = 1")), &first))
 	require.Equal(t, "OrchestrationStarted", first["type"])
 	require.Equal(t, "0.1.29", first["duroxide_version"])
 	require.Equal(t, "organic-0001", first["instance_id"])
-	last := queryRow[string](t, dsn, "SELECT event_data FROM "+schema+".history WHERE instance_id = 'organic-0001' AND event_id = 40")
+	last := queryRow[string](t, src, "SELECT event_data FROM "+schema+".history WHERE instance_id = 'organic-0001' AND event_id = 40")
 	// duroxide's field order: the common fields, then type and the variant's.
 	require.Regexp(t, `^\{"event_id":40,"source_event_id":null,"instance_id":"organic-0001","execution_id":1,"timestamp_ms":\d+,"duroxide_version":"0.1.29","type":"ExternalSubscribed","name":"tick"\}$`, last)
 
-	pending, err := dispatch.PendingMessages(context.Background(), dsn, schema)
+	pending, err := dispatch.PendingMessages(context.Background(), src, schema)
 	require.NoError(t, err)
 	require.ElementsMatch(t, info.Messages, pending)
 
 	// Seeding again starts over.
-	_, err = dispatch.Seed(context.Background(), dsn, cfg)
+	_, err = dispatch.Seed(context.Background(), src, cfg)
 	require.NoError(t, err)
-	require.Equal(t, int64(3), queryRow[int64](t, dsn, "SELECT count(*) FROM "+schema+".orchestrator_queue"))
+	require.Equal(t, int64(3), queryRow[int64](t, src, "SELECT count(*) FROM "+schema+".orchestrator_queue"))
 }
 
 func TestNormalTurnsKeepInstancesHotAndConserveMessages(t *testing.T) {
-	dsn, schema := newDB(t, 20)
+	src, schema := newDB(t, 20)
 	cfg := dispatch.Config{
 		Run:         simconfig.Run{Schema: schema, LockTimeout: 5 * time.Second, Duration: 1500 * time.Millisecond},
 		Dispatchers: 3, Instances: 4, HistoryEvents: 20}
-	info, err := dispatch.Seed(context.Background(), dsn, cfg)
+	info, err := dispatch.Seed(context.Background(), src, cfg)
 	require.NoError(t, err)
-	log, err := dispatch.Run(context.Background(), dsn, cfg)
+	log, err := dispatch.Run(context.Background(), src, cfg)
 	require.NoError(t, err)
 	ev := log.Events()
 	s := dispatch.Summarize(ev, log.Elapsed(), 10)
@@ -285,7 +286,7 @@ func TestNormalTurnsKeepInstancesHotAndConserveMessages(t *testing.T) {
 		}
 	}
 
-	pending, err := dispatch.PendingMessages(context.Background(), dsn, schema)
+	pending, err := dispatch.PendingMessages(context.Background(), src, schema)
 	require.NoError(t, err)
 	require.Len(t, pending, 4, "one message per instance stays queued")
 	require.NoError(t, dispatch.Conservation(info.Messages, ev, pending))
@@ -299,30 +300,30 @@ func TestNormalTurnsKeepInstancesHotAndConserveMessages(t *testing.T) {
 		}
 	}
 	require.NotEmpty(t, acked.Messages)
-	data := queryRow[string](t, dsn, "SELECT event_data FROM "+schema+".history WHERE instance_id = $1 AND event_id = 21", acked.Instance)
+	data := queryRow[string](t, src, "SELECT event_data FROM "+schema+".history WHERE instance_id = $1 AND event_id = 21", acked.Instance)
 	var got map[string]any
 	require.NoError(t, json.Unmarshal([]byte(data), &got))
 	require.Equal(t, "ExternalEvent", got["type"])
 	require.Equal(t, "tick", got["name"])
 	require.Equal(t, acked.Messages[0], got["data"])
 	require.Equal(t, acked.Instance, got["instance_id"])
-	require.Equal(t, int64(0), queryRow[int64](t, dsn, "SELECT count(*) FROM "+schema+".executions WHERE status <> 'Running'"))
+	require.Equal(t, int64(0), queryRow[int64](t, src, "SELECT count(*) FROM "+schema+".executions WHERE status <> 'Running'"))
 }
 
 func TestPoisonAckFailsTheOrchestrationLikeTheRuntime(t *testing.T) {
-	dsn, schema := newDB(t, 20)
+	src, schema := newDB(t, 20)
 	cfg := dispatch.Config{
 		Run:         simconfig.Run{Schema: schema, LockTimeout: 5 * time.Second, Duration: 500 * time.Millisecond},
 		Dispatchers: 1, Instances: 1, HistoryEvents: 10}
-	info, err := dispatch.Seed(context.Background(), dsn, cfg)
+	info, err := dispatch.Seed(context.Background(), src, cfg)
 	require.NoError(t, err)
-	conn, err := pgx.Connect(context.Background(), dsn)
+	conn, err := src.Connect(context.Background())
 	require.NoError(t, err)
 	_, err = conn.Exec(context.Background(), "UPDATE "+schema+".orchestrator_queue SET attempt_count = 10")
 	require.NoError(t, err)
 	conn.Close(context.Background())
 
-	log, err := dispatch.Run(context.Background(), dsn, cfg)
+	log, err := dispatch.Run(context.Background(), src, cfg)
 	require.NoError(t, err)
 	s := dispatch.Summarize(log.Events(), log.Elapsed(), 10)
 	require.Equal(t, 1, s.PoisonAcks)
@@ -330,9 +331,9 @@ func TestPoisonAckFailsTheOrchestrationLikeTheRuntime(t *testing.T) {
 	require.Equal(t, 11, s.MaxAttemptCount)
 	require.Zero(t, s.CompletedTurns)
 
-	require.Equal(t, "Failed", queryRow[string](t, dsn, "SELECT status FROM "+schema+".executions"))
+	require.Equal(t, "Failed", queryRow[string](t, src, "SELECT status FROM "+schema+".executions"))
 	require.Equal(t, "poison: orchestration organic-0000 exceeded 11 attempts (max 10)",
-		queryRow[string](t, dsn, "SELECT output FROM "+schema+".executions"))
+		queryRow[string](t, src, "SELECT output FROM "+schema+".executions"))
 	var failed struct {
 		EventID     int64  `json:"event_id"`
 		InstanceID  string `json:"instance_id"`
@@ -352,7 +353,7 @@ func TestPoisonAckFailsTheOrchestrationLikeTheRuntime(t *testing.T) {
 			} `json:"Poison"`
 		} `json:"details"`
 	}
-	require.NoError(t, json.Unmarshal([]byte(queryRow[string](t, dsn, "SELECT event_data FROM "+schema+".history WHERE event_id = 11")), &failed))
+	require.NoError(t, json.Unmarshal([]byte(queryRow[string](t, src, "SELECT event_data FROM "+schema+".history WHERE event_id = 11")), &failed))
 	require.Equal(t, "OrchestrationFailed", failed.Type)
 	require.Equal(t, "", failed.InstanceID) // the runtime's placeholders
 	require.Equal(t, int64(0), failed.ExecutionID)
@@ -361,7 +362,7 @@ func TestPoisonAckFailsTheOrchestrationLikeTheRuntime(t *testing.T) {
 	require.Equal(t, "organic-0000", failed.Details.Poison.MessageType.Orchestration.Instance)
 	require.Contains(t, failed.Details.Poison.Message, `"data": "m-0-0"`)
 
-	pending, err := dispatch.PendingMessages(context.Background(), dsn, schema)
+	pending, err := dispatch.PendingMessages(context.Background(), src, schema)
 	require.NoError(t, err)
 	require.Empty(t, pending)
 	require.NoError(t, dispatch.Conservation(info.Messages, log.Events(), pending))
@@ -377,26 +378,26 @@ func TestAnExpiredLeaseIsFailedOnceAndNeverAbandoned(t *testing.T) {
 func expiredLeaseIsFailedOnce(t *testing.T, execMode string) {
 	// A 100 ms lease and a 300 ms turn: the lease is gone at ack time (the
 	// renewal would come after 1 s, and would extend by 0 s anyway).
-	dsn, schema := newDB(t, 20)
+	src, schema := newDB(t, 20)
 	cfg := dispatch.Config{
 		Run:         simconfig.Run{Schema: schema, LockTimeout: 100 * time.Millisecond, Duration: 1500 * time.Millisecond},
 		Dispatchers: 1, Instances: 1, HistoryEvents: 10, TurnTime: 300 * time.Millisecond}
 	if execMode != "" {
+		dsn := src.DSN()
 		switch {
 		case strings.Contains(dsn, "://") && strings.Contains(dsn, "?"):
-			cfg.ConnectDSN = dsn + "&default_query_exec_mode=" + execMode
+			dsn += "&default_query_exec_mode=" + execMode
 		case strings.Contains(dsn, "://"):
-			cfg.ConnectDSN = dsn + "?default_query_exec_mode=" + execMode
+			dsn += "?default_query_exec_mode=" + execMode
 		default:
-			cfg.ConnectDSN = dsn + " default_query_exec_mode=" + execMode
+			dsn += " default_query_exec_mode=" + execMode
 		}
-		pc, err := pgx.ParseConfig(cfg.ConnectDSN)
-		require.NoError(t, err)
-		require.Equal(t, pgx.QueryExecModeSimpleProtocol, pc.DefaultQueryExecMode)
+		cfg.Via = testdb.MustSource(t, dsn)
+		require.Equal(t, pgx.QueryExecModeSimpleProtocol, cfg.Via.Config().DefaultQueryExecMode)
 	}
-	info, err := dispatch.Seed(context.Background(), dsn, cfg)
+	info, err := dispatch.Seed(context.Background(), src, cfg)
 	require.NoError(t, err)
-	log, err := dispatch.Run(context.Background(), dsn, cfg)
+	log, err := dispatch.Run(context.Background(), src, cfg)
 	require.NoError(t, err)
 	ev := log.Events()
 	var kinds []dispatch.Kind
@@ -425,20 +426,20 @@ func expiredLeaseIsFailedOnce(t *testing.T, execMode string) {
 	require.GreaterOrEqual(t, s.LatenessMinMs, int64(150))
 	require.GreaterOrEqual(t, s.LateProcessingP50Ms, int64(250))
 
-	pending, err := dispatch.PendingMessages(context.Background(), dsn, schema)
+	pending, err := dispatch.PendingMessages(context.Background(), src, schema)
 	require.NoError(t, err)
 	require.NoError(t, dispatch.Conservation(info.Messages, ev, pending))
-	require.Equal(t, "Running", queryRow[string](t, dsn, "SELECT status FROM "+schema+".executions"))
+	require.Equal(t, "Running", queryRow[string](t, src, "SELECT status FROM "+schema+".executions"))
 }
 
 func TestRenewalKeepsALongTurnAlive(t *testing.T) {
-	dsn, schema := newDB(t, 20)
+	src, schema := newDB(t, 20)
 	cfg := dispatch.Config{
 		Run:         simconfig.Run{Schema: schema, LockTimeout: 2 * time.Second, Duration: 2 * time.Second},
 		Dispatchers: 2, Instances: 1, HistoryEvents: 10, TurnTime: 2500 * time.Millisecond}
-	_, err := dispatch.Seed(context.Background(), dsn, cfg)
+	_, err := dispatch.Seed(context.Background(), src, cfg)
 	require.NoError(t, err)
-	log, err := dispatch.Run(context.Background(), dsn, cfg)
+	log, err := dispatch.Run(context.Background(), src, cfg)
 	require.NoError(t, err)
 	s := dispatch.Summarize(log.Events(), log.Elapsed(), 10)
 	require.Equal(t, 1, s.Fetches, "the other dispatcher never gets the instance")
@@ -448,17 +449,17 @@ func TestRenewalKeepsALongTurnAlive(t *testing.T) {
 }
 
 func TestRunStopsCleanlyOnCancel(t *testing.T) {
-	dsn, schema := newDB(t, 20)
+	src, schema := newDB(t, 20)
 	cfg := dispatch.Config{
 		Run:         simconfig.Run{Schema: schema, LockTimeout: time.Second, Duration: time.Minute},
 		Dispatchers: 6, Instances: 2, HistoryEvents: 10}
-	_, err := dispatch.Seed(context.Background(), dsn, cfg)
+	_, err := dispatch.Seed(context.Background(), src, cfg)
 	require.NoError(t, err)
 	before := runtime.NumGoroutine()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	log := dispatch.NewLog()
-	go func() { done <- dispatch.RunLog(ctx, dsn, cfg, log) }()
+	go func() { done <- dispatch.RunLog(ctx, src, cfg, log) }()
 	require.Eventually(t, func() bool { return log.Len() > 50 }, 10*time.Second, 10*time.Millisecond)
 	cancel()
 	select {
@@ -471,9 +472,9 @@ func TestRunStopsCleanlyOnCancel(t *testing.T) {
 		buf := make([]byte, 1<<16)
 		t.Fatalf("goroutines: %d before, %d after:\n%s", before, runtime.NumGoroutine(), buf[:runtime.Stack(buf, true)])
 	}
-	db := queryRow[string](t, dsn, "SELECT current_database()")
+	db := queryRow[string](t, src, "SELECT current_database()")
 	require.Eventually(t, func() bool {
-		return queryRow[int64](t, dsn, "SELECT count(*) FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()", db) == 0
+		return queryRow[int64](t, src, "SELECT count(*) FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()", db) == 0
 	}, 2*time.Second, 20*time.Millisecond, "connections left open")
 }
 
@@ -482,13 +483,13 @@ func TestVersion19LeaseDeadOnArrivalWhenTheFetchOutlastsTheTimeout(t *testing.T)
 	// fetch than a 10 ms lease lasts. At 19 the lease is counted from the
 	// caller's clock before the call, so it arrives dead; the runtime's acks
 	// fail and attempt_count climbs past max_attempts.
-	dsn, schema := newDB(t, 19)
+	src, schema := newDB(t, 19)
 	cfg := dispatch.Config{
 		Run:         simconfig.Run{Schema: schema, LockTimeout: 10 * time.Millisecond, Duration: 2 * time.Second},
 		Dispatchers: 1, Instances: 1, HistoryEvents: 5000}
-	_, err := dispatch.Seed(context.Background(), dsn, cfg)
+	_, err := dispatch.Seed(context.Background(), src, cfg)
 	require.NoError(t, err)
-	log, err := dispatch.Run(context.Background(), dsn, cfg)
+	log, err := dispatch.Run(context.Background(), src, cfg)
 	require.NoError(t, err)
 	s := dispatch.Summarize(log.Events(), log.Elapsed(), 10)
 	require.Greater(t, s.Fetches, 0)
@@ -518,7 +519,7 @@ func assertEventually(cond func() bool, within time.Duration) bool {
 // drops that lease: no ack carries its token, the dispatcher connects
 // again, and the instance is taken up again once the lease expired.
 func TestHooksSeeEveryCallAndACrashDropsTheLease(t *testing.T) {
-	dsn, schema := newDB(t, 20)
+	src, schema := newDB(t, 20)
 	var mu sync.Mutex
 	kinds := map[dispatch.Kind]int{}
 	connects, crashes := 0, 0
@@ -547,9 +548,9 @@ func TestHooksSeeEveryCallAndACrashDropsTheLease(t *testing.T) {
 				return 10 * time.Millisecond, crashes == 1
 			},
 		}}
-	info, err := dispatch.Seed(context.Background(), dsn, cfg)
+	info, err := dispatch.Seed(context.Background(), src, cfg)
 	require.NoError(t, err)
-	log, err := dispatch.Run(context.Background(), dsn, cfg)
+	log, err := dispatch.Run(context.Background(), src, cfg)
 	require.NoError(t, err)
 	ev := log.Events()
 
@@ -571,7 +572,7 @@ func TestHooksSeeEveryCallAndACrashDropsTheLease(t *testing.T) {
 	require.Positive(t, kinds[dispatch.KindAck])
 	s := dispatch.Summarize(ev, log.Elapsed(), 10)
 	require.Positive(t, s.CompletedTurns, "the instance advanced after the lease expired")
-	pending, err := dispatch.PendingMessages(context.Background(), dsn, schema)
+	pending, err := dispatch.PendingMessages(context.Background(), src, schema)
 	require.NoError(t, err)
 	require.NoError(t, dispatch.Conservation(info.Messages, ev, pending))
 }
@@ -579,8 +580,8 @@ func TestHooksSeeEveryCallAndACrashDropsTheLease(t *testing.T) {
 // An ack whose connection is lost is recorded with an unknown outcome and
 // retried on a new connection, where it commits.
 func TestALostConnectionIsReplacedAndTheAckRetried(t *testing.T) {
-	dsn, schema := newDB(t, 20)
-	admin, err := pgx.Connect(context.Background(), dsn)
+	src, schema := newDB(t, 20)
+	admin, err := src.Connect(context.Background())
 	require.NoError(t, err)
 	defer admin.Close(context.Background())
 	killed, killErr := false, error(nil)
@@ -598,9 +599,9 @@ func TestALostConnectionIsReplacedAndTheAckRetried(t *testing.T) {
 			}
 			return nil
 		}}}
-	info, err := dispatch.Seed(context.Background(), dsn, cfg)
+	info, err := dispatch.Seed(context.Background(), src, cfg)
 	require.NoError(t, err)
-	log, err := dispatch.Run(context.Background(), dsn, cfg)
+	log, err := dispatch.Run(context.Background(), src, cfg)
 	require.NoError(t, err)
 	require.True(t, killed)
 	require.NoError(t, killErr)
@@ -614,7 +615,7 @@ func TestALostConnectionIsReplacedAndTheAckRetried(t *testing.T) {
 	require.True(t, dispatch.IsUnknown(acks[0].Outcome), "the ack on the killed connection: %s", acks[0].Outcome)
 	require.Equal(t, acks[0].Token, acks[1].Token, "retried with the same token")
 	require.Equal(t, dispatch.OutcomeOK, acks[1].Outcome)
-	pending, err := dispatch.PendingMessages(context.Background(), dsn, schema)
+	pending, err := dispatch.PendingMessages(context.Background(), src, schema)
 	require.NoError(t, err)
 	ev := log.Events()
 	require.NoError(t, dispatch.Conservation(info.Messages, ev, pending), "the unknown ack did not commit, the retry did")
@@ -623,7 +624,7 @@ func TestALostConnectionIsReplacedAndTheAckRetried(t *testing.T) {
 // What runs alongside the dispatchers is waited for, and its error is
 // Run's.
 func TestRunWaitsForWhatRunsAlongsideAndReturnsItsError(t *testing.T) {
-	dsn, schema := newDB(t, 20)
+	src, schema := newDB(t, 20)
 	finished := false
 	cfg := dispatch.Config{
 		Run:         simconfig.Run{Schema: schema, Duration: 200 * time.Millisecond},
@@ -633,9 +634,9 @@ func TestRunWaitsForWhatRunsAlongsideAndReturnsItsError(t *testing.T) {
 			finished = true
 			return errors.New("restart failed")
 		}}}
-	_, err := dispatch.Seed(context.Background(), dsn, cfg)
+	_, err := dispatch.Seed(context.Background(), src, cfg)
 	require.NoError(t, err)
-	_, err = dispatch.Run(context.Background(), dsn, cfg)
+	_, err = dispatch.Run(context.Background(), src, cfg)
 	require.ErrorContains(t, err, "restart failed")
 	require.True(t, finished)
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/duroxide-pg/migrations/internal/dbconn"
 	"github.com/duroxide-pg/migrations/internal/sim/eventlog"
 	"github.com/duroxide-pg/migrations/internal/sim/orch"
 	"github.com/duroxide-pg/migrations/internal/sim/simconfig"
@@ -33,12 +34,12 @@ func instanceID(i int) string { return fmt.Sprintf("organic-%04d", i) }
 // then ActivityScheduled/ActivityCompleted pairs, the last one an
 // ExternalSubscribed for EventName), and one visible ExternalRaised message
 // each (ids "m-0-<i>").
-func Seed(ctx context.Context, dsn string, cfg Config) (SeedInfo, error) {
+func Seed(ctx context.Context, src *dbconn.Source, cfg Config) (SeedInfo, error) {
 	cfg, err := simconfig.Ready(cfg)
 	if err != nil {
 		return SeedInfo{}, err
 	}
-	conn, err := pgx.Connect(ctx, dsn)
+	conn, err := src.Connect(ctx)
 	if err != nil {
 		return SeedInfo{}, fmt.Errorf("seed: connect: %w", err)
 	}
@@ -178,8 +179,8 @@ func seedEvent(instance string, id, n, tsMs int64, size int) []byte {
 
 // PendingMessages returns the ids of the messages still in the schema's
 // orchestrator queue.
-func PendingMessages(ctx context.Context, dsn, schema string) ([]string, error) {
-	conn, err := pgx.Connect(ctx, dsn)
+func PendingMessages(ctx context.Context, src *dbconn.Source, schema string) ([]string, error) {
+	conn, err := src.Connect(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -249,8 +250,8 @@ func (e Event) CountCommitted(produced, consumed map[string]int) {
 // connection (after one warm-up call), as a dispatcher makes them, handing
 // each lease back with abandon (ignore_attempt, so attempt_count is
 // unchanged). The schema must hold a fetchable instance (Seed).
-func MeasureFetch(ctx context.Context, dsn, schema string, n int) ([]time.Duration, error) {
-	conn, err := pgx.Connect(ctx, dsn)
+func MeasureFetch(ctx context.Context, src *dbconn.Source, schema string, n int) ([]time.Duration, error) {
+	conn, err := src.Connect(ctx)
 	if err != nil {
 		return nil, err
 	}

@@ -31,6 +31,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/duroxide-pg/migrations/internal/dbconn"
 	"github.com/duroxide-pg/migrations/internal/sim/clock"
 	"github.com/duroxide-pg/migrations/internal/sim/defaults"
 	"github.com/duroxide-pg/migrations/internal/sim/dispatch"
@@ -173,39 +174,36 @@ type Checks struct {
 // for cfg.Duration, reads what is still pending and checks the invariants.
 // The error is for a run that could not be made; violations are in
 // Result.Report.
-func Run(ctx context.Context, dsn string, cfg Config, checks Checks) (*Result, error) {
+func Run(ctx context.Context, src *dbconn.Source, cfg Config, checks Checks) (*Result, error) {
 	cfg, err := simconfig.Ready(cfg)
 	if err != nil {
 		return nil, err
 	}
-	seed, err := dispatch.Seed(ctx, dsn, cfg.Config)
+	seed, err := dispatch.Seed(ctx, src, cfg.Config)
 	if err != nil {
 		return nil, fmt.Errorf("faults: %w", err)
 	}
 	// Make the seeded messages visible to clocks far behind, too.
-	if err := execOnce(ctx, dsn, "UPDATE "+pgx.Identifier{cfg.Schema, "orchestrator_queue"}.Sanitize()+
+	if err := execOnce(ctx, src, "UPDATE "+pgx.Identifier{cfg.Schema, "orchestrator_queue"}.Sanitize()+
 		" SET visible_at = visible_at - interval '1 hour'"); err != nil {
 		return nil, fmt.Errorf("faults: seed: %w", err)
 	}
-	connectDSN := dsn
-	if cfg.ConnectDSN != "" {
-		connectDSN = cfg.ConnectDSN
+	via := src
+	if cfg.Via != nil {
+		via = cfg.Via
 	}
-	adminCfg, err := pgx.ParseConfig(connectDSN)
-	if err != nil {
-		return nil, fmt.Errorf("faults: parse DSN: %w", err)
-	}
+	adminCfg := via.Config()
 
 	inj := newInjector(cfg, adminCfg)
 	dcfg := cfg.Config
 	dcfg.Hooks = inj.hooks()
 	log := dispatch.NewLog()
-	if err := dispatch.RunLog(ctx, dsn, dcfg, log); err != nil {
+	if err := dispatch.RunLog(ctx, src, dcfg, log); err != nil {
 		return nil, fmt.Errorf("faults: %w", err)
 	}
 	elapsed := log.Elapsed()
 
-	pending, err := pendingAfterRun(ctx, dsn, cfg.Schema)
+	pending, err := pendingAfterRun(ctx, src, cfg.Schema)
 	if err != nil {
 		return nil, fmt.Errorf("faults: read pending messages: %w", err)
 	}
@@ -239,9 +237,9 @@ func Run(ctx context.Context, dsn string, cfg Config, checks Checks) (*Result, e
 
 // pendingAfterRun reads the messages still queued, retrying for up to 10 s
 // while the server may still be coming back from a restart.
-func pendingAfterRun(ctx context.Context, dsn, schema string) ([]string, error) {
+func pendingAfterRun(ctx context.Context, src *dbconn.Source, schema string) ([]string, error) {
 	for attempt := 0; ; attempt++ {
-		pending, err := dispatch.PendingMessages(ctx, dsn, schema)
+		pending, err := dispatch.PendingMessages(ctx, src, schema)
 		if err == nil || attempt == 50 || ctx.Err() != nil {
 			return pending, err
 		}
@@ -249,8 +247,8 @@ func pendingAfterRun(ctx context.Context, dsn, schema string) ([]string, error) 
 	}
 }
 
-func execOnce(ctx context.Context, dsn, stmt string) error {
-	conn, err := pgx.Connect(ctx, dsn)
+func execOnce(ctx context.Context, src *dbconn.Source, stmt string) error {
+	conn, err := src.Connect(ctx)
 	if err != nil {
 		return err
 	}

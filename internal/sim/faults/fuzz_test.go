@@ -58,7 +58,7 @@ func FuzzInvariants(f *testing.F) {
 		cfg.Schema = db.Schema
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
-		res, err := faults.Run(ctx, db.DSN, cfg, checks)
+		res, err := faults.Run(ctx, db.Source, cfg, checks)
 		if err != nil {
 			t.Fatal(err)
 		}

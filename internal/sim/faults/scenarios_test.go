@@ -33,11 +33,11 @@ func runAt(t *testing.T, pool *testdb.Pool, sc faults.Scenario, version int64, v
 	cfg := sc.Config
 	cfg.Schema = db.Schema
 	if via != nil {
-		cfg.ConnectDSN = via(db)
+		cfg.Via = testdb.MustSource(t, via(db))
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	res, err := faults.Run(ctx, db.DSN, cfg, sc.Checks)
+	res, err := faults.Run(ctx, db.Source, cfg, sc.Checks)
 	if err != nil {
 		t.Errorf("%s at %d: %v", sc.Name, version, err)
 		return nil

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	migrations "github.com/duroxide-pg/migrations"
+	"github.com/duroxide-pg/migrations/internal/dbconn"
 )
 
 // OldestVersion is the oldest pack version the simulated dispatchers are
@@ -86,10 +87,10 @@ func (s *SoakSummary) add(res *Result) {
 	s.RoundResults = append(s.RoundResults, SoakRoundBrief{res.Report.Leases, int(res.Faults.Total()), len(res.Report.Violations)})
 }
 
-// Soak runs rounds of mixed faults against the schema at dsn for
+// Soak runs rounds of mixed faults against the schema at src for
 // opts.Duration and adds them up. The error is for a round that could not
 // be made (or ctx ending); violations are in the summary.
-func Soak(ctx context.Context, dsn string, opts SoakOptions) (*SoakSummary, error) {
+func Soak(ctx context.Context, src *dbconn.Source, opts SoakOptions) (*SoakSummary, error) {
 	sum := &SoakSummary{ByInvariant: map[string]int{}}
 	rng := rand.New(rand.NewPCG(opts.Seed, 1))
 	start := time.Now()
@@ -103,7 +104,7 @@ func Soak(ctx context.Context, dsn string, opts SoakOptions) (*SoakSummary, erro
 		if sc.NeedsRestart {
 			sc.Config.Restart = opts.Restart
 		}
-		res, err := Run(ctx, dsn, sc.Config, sc.Checks)
+		res, err := Run(ctx, src, sc.Config, sc.Checks)
 		if err != nil {
 			return sum, fmt.Errorf("soak round %d: %w", sum.Rounds+1, err)
 		}

@@ -21,7 +21,7 @@ func TestSoakAddsUpItsRounds(t *testing.T) {
 	leases := 0
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	sum, err := faults.Soak(ctx, db.DSN, faults.SoakOptions{Schema: db.Schema, Duration: 4 * time.Second,
+	sum, err := faults.Soak(ctx, db.Source, faults.SoakOptions{Schema: db.Schema, Duration: 4 * time.Second,
 		Round: time.Second, Seed: 7,
 		OnRound: func(n int, res *faults.Result) {
 			rounds = append(rounds, n)

@@ -8,6 +8,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+
+	"github.com/duroxide-pg/migrations/internal/dbconn"
 )
 
 // Kinds are the repros, in the order `harness repro all` runs them and
@@ -15,26 +17,26 @@ import (
 func Kinds() []string { return []string{"minimal", "organic", "worker-minimal", "worker", "runtime"} }
 
 // OrganicRepro prepares the organic scenario's schemas in the database of
-// dsn (prepareOrganic) and runs it (RunOrganic).
-func OrganicRepro(ctx context.Context, dsn string, cfg OrganicConfig, progress func(string)) (OrganicResult, error) {
-	return prepareAndRun(ctx, dsn, "organic repro", prepareOrganic, func(schemas map[int]string) (OrganicResult, error) {
-		return RunOrganic(ctx, dsn, schemas, cfg, progress)
+// src (prepareOrganic) and runs it (RunOrganic).
+func OrganicRepro(ctx context.Context, src *dbconn.Source, cfg OrganicConfig, progress func(string)) (OrganicResult, error) {
+	return prepareAndRun(ctx, src, "organic repro", prepareOrganic, func(schemas map[int]string) (OrganicResult, error) {
+		return RunOrganic(ctx, src, schemas, cfg, progress)
 	})
 }
 
 // WorkerRepro prepares the worker scenario's schemas in the database of
-// dsn (prepareWorker) and runs it (runWorker).
-func WorkerRepro(ctx context.Context, dsn string, cfg WorkerConfig, progress func(string)) (WorkerResult, error) {
-	return prepareAndRun(ctx, dsn, "worker repro", prepareWorker, func(schemas map[int]string) (WorkerResult, error) {
-		return runWorker(ctx, dsn, schemas, cfg, progress)
+// src (prepareWorker) and runs it (runWorker).
+func WorkerRepro(ctx context.Context, src *dbconn.Source, cfg WorkerConfig, progress func(string)) (WorkerResult, error) {
+	return prepareAndRun(ctx, src, "worker repro", prepareWorker, func(schemas map[int]string) (WorkerResult, error) {
+		return runWorker(ctx, src, schemas, cfg, progress)
 	})
 }
 
 // prepareAndRun migrates a scenario's schemas with prepare, then runs it on
 // them; what names the scenario in errors of the run.
-func prepareAndRun[R any](ctx context.Context, dsn, what string, prepare func(context.Context, string) (map[int]string, error),
+func prepareAndRun[R any](ctx context.Context, src *dbconn.Source, what string, prepare func(context.Context, *dbconn.Source) (map[int]string, error),
 	run func(schemas map[int]string) (R, error)) (R, error) {
-	schemas, err := prepare(ctx, dsn)
+	schemas, err := prepare(ctx, src)
 	if err != nil {
 		var zero R
 		return zero, err

@@ -14,8 +14,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
+	"github.com/duroxide-pg/migrations/internal/dbconn"
 	"github.com/duroxide-pg/migrations/internal/sim/orch"
 	"github.com/duroxide-pg/migrations/internal/testenv/pgtest"
 )
@@ -142,9 +141,9 @@ func Minimal(ctx context.Context, q orch.Querier, schema string, version int64, 
 }
 
 // RunMinimal runs Minimal at each of versions, on schemas[v] in the
-// database of dsn, over one connection, with the runtime's version filter.
-func RunMinimal(ctx context.Context, dsn string, schemas map[int64]string, versions []int64) ([]MinimalResult, error) {
-	conn, err := pgx.Connect(ctx, dsn)
+// database of src, over one connection, with the runtime's version filter.
+func RunMinimal(ctx context.Context, src *dbconn.Source, schemas map[int64]string, versions []int64) ([]MinimalResult, error) {
+	conn, err := src.Connect(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("minimal repro: %w", err)
 	}

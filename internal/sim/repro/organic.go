@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/duroxide-pg/migrations/internal/dbconn"
 	"github.com/duroxide-pg/migrations/internal/sim/dispatch"
 	"github.com/duroxide-pg/migrations/internal/sim/simconfig"
 )
@@ -99,10 +100,10 @@ func organicSchemas() map[int]string {
 	return schemasOf("organic", bug, fix)
 }
 
-// prepareOrganic migrates organicSchemas in the database of dsn, each to its
+// prepareOrganic migrates organicSchemas in the database of src, each to its
 // version. It returns the map RunOrganic takes.
-func prepareOrganic(ctx context.Context, dsn string) (map[int]string, error) {
-	return prepare(ctx, dsn, "organic", organicSchemas())
+func prepareOrganic(ctx context.Context, src *dbconn.Source) (map[int]string, error) {
+	return prepare(ctx, src, "organic", organicSchemas())
 }
 
 // OrganicSettings echoes the scenario's settings in readable units.
@@ -147,15 +148,15 @@ type OrganicResult = Result[OrganicSettings, dispatch.Calibration, dispatch.Summ
 
 // RunOrganic runs the organic scenario cfg (Schema is ignored) against
 // each schema of schemas (version -> schema name, all in the database of
-// dsn), in ascending version order, and judges the runs. The schemas must
+// src), in ascending version order, and judges the runs. The schemas must
 // already be migrated to their versions (prepareOrganic does that);
 // RunOrganic checks it, and Seed empties each schema's orchestration tables
 // before its run. With cfg.CalibrateLockTimeout the lock timeout is
 // calibrated first; zero fields take dispatch's defaults, applied here once.
 // progress, when not nil, receives one line per step.
-func RunOrganic(ctx context.Context, dsn string, schemas map[int]string, cfg OrganicConfig, progress func(string)) (OrganicResult, error) {
+func RunOrganic(ctx context.Context, src *dbconn.Source, schemas map[int]string, cfg OrganicConfig, progress func(string)) (OrganicResult, error) {
 	progress = quiet(progress)
-	versions, err := checkSchemas(ctx, dsn, schemas, "organic", "PrepareOrganic")
+	versions, err := checkSchemas(ctx, src, schemas, "organic", "PrepareOrganic")
 	if err != nil {
 		return OrganicResult{}, err
 	}
@@ -164,7 +165,7 @@ func RunOrganic(ctx context.Context, dsn string, schemas map[int]string, cfg Org
 		if cfg.LockTimeout != 0 {
 			return OrganicResult{}, fmt.Errorf("organic: LockTimeout %v with CalibrateLockTimeout: give one", cfg.LockTimeout)
 		}
-		c, err := dispatch.Calibrate(ctx, dsn, schemas[versions[0]], cfg.Config, LockTimeoutFactor)
+		c, err := dispatch.Calibrate(ctx, src, schemas[versions[0]], cfg.Config, LockTimeoutFactor)
 		if err != nil {
 			return OrganicResult{}, err
 		}
@@ -173,13 +174,15 @@ func RunOrganic(ctx context.Context, dsn string, schemas map[int]string, cfg Org
 		progress(fmt.Sprintf("calibration: one uncontended fetch of a hot instance takes %v (median of %d); lock timeout %g x that = %v",
 			c.Fetch.Round(time.Millisecond), c.Samples, c.Factor, c.LockTimeout))
 	}
+	// Checked once here, on the first version's schema; each run sets its own.
+	cfg.Schema = schemas[versions[0]]
 	dcfg, err := simconfig.Ready(cfg.Config)
 	if err != nil {
 		return OrganicResult{}, fmt.Errorf("organic: %w", err)
 	}
 	res := OrganicResult{Settings: settings(dcfg), Calibration: cal}
 	res.Runs, err = runEach(versions, schemas, func(v int, schema string) (organicRun, error) {
-		return runOrganicVersion(ctx, dsn, v, schema, dcfg, progress)
+		return runOrganicVersion(ctx, src, v, schema, dcfg, progress)
 	})
 	if err != nil {
 		return res, err
@@ -189,12 +192,12 @@ func RunOrganic(ctx context.Context, dsn string, schemas map[int]string, cfg Org
 	return res, nil
 }
 
-func runOrganicVersion(ctx context.Context, dsn string, version int, schema string, cfg dispatch.Config, progress func(string)) (organicRun, error) {
+func runOrganicVersion(ctx context.Context, src *dbconn.Source, version int, schema string, cfg dispatch.Config, progress func(string)) (organicRun, error) {
 	cfg.Schema = schema
 	run := organicRun{Version: version, Schema: schema}
 	progress(fmt.Sprintf("v%d: seeding %d instance(s) x %d history events of ~%d bytes in schema %s",
 		version, cfg.Instances, cfg.HistoryEvents, cfg.EventBytes, schema))
-	seed, err := dispatch.Seed(ctx, dsn, cfg)
+	seed, err := dispatch.Seed(ctx, src, cfg)
 	if err != nil {
 		return run, fmt.Errorf("organic v%d: %w", version, err)
 	}
@@ -203,7 +206,7 @@ func runOrganicVersion(ctx context.Context, dsn string, version int, schema stri
 	_, fix := Versions()
 	var elapsed time.Duration
 	for {
-		log, err := dispatch.Run(ctx, dsn, cfg)
+		log, err := dispatch.Run(ctx, src, cfg)
 		if err != nil {
 			return run, fmt.Errorf("organic v%d: %w", version, err)
 		}
@@ -220,7 +223,7 @@ func runOrganicVersion(ctx context.Context, dsn string, version int, schema stri
 		progress(fmt.Sprintf("v%d: bug not shown yet after %v (max attempt_count %d, %.1f%% dead at return): running another %v on the same queue",
 			version, elapsed.Round(100*time.Millisecond), run.Summary.MaxAttemptCount, run.Summary.DeadAtReturnPct, cfg.Duration))
 	}
-	pending, err := dispatch.PendingMessages(ctx, dsn, schema)
+	pending, err := dispatch.PendingMessages(ctx, src, schema)
 	if err != nil {
 		return run, fmt.Errorf("organic v%d: read the queue: %w", version, err)
 	}

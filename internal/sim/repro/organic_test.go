@@ -13,23 +13,25 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/duroxide-pg/migrations/harness/ops/migrate"
+	"github.com/duroxide-pg/migrations/internal/dbconn"
 	"github.com/duroxide-pg/migrations/internal/sim/dispatch"
 	"github.com/duroxide-pg/migrations/internal/sim/repro"
 	"github.com/duroxide-pg/migrations/internal/sim/simconfig"
 	"github.com/duroxide-pg/migrations/internal/testenv/pgtest"
+	"github.com/duroxide-pg/migrations/internal/testenv/testdb"
 )
 
 // organicServer starts a throwaway server for one test and creates a
 // database on it, migrated with schema v19 at 19 and v20 at 20.
-func organicServer(t *testing.T) (dsn string, schemas map[int]string) {
+func organicServer(t *testing.T) (src *dbconn.Source, schemas map[int]string) {
 	t.Helper()
-	_, dsn, schemas = organicServerDB(t)
-	return dsn, schemas
+	_, src, schemas = organicServerDB(t)
+	return src, schemas
 }
 
 // organicServerDB is organicServer that also returns the server and the
 // database's name.
-func organicServerDB(t *testing.T) (srv *pgtest.Server, dsn string, schemas map[int]string) {
+func organicServerDB(t *testing.T) (srv *pgtest.Server, src *dbconn.Source, schemas map[int]string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -39,24 +41,24 @@ func organicServerDB(t *testing.T) (srv *pgtest.Server, dsn string, schemas map[
 	t.Cleanup(func() { _ = srv.Close(context.Background()) })
 	db, err = srv.CreateDatabase(ctx, "organic_", "")
 	require.NoError(t, err)
-	dsn = srv.DSN(db)
+	src = testdb.MustSource(t, srv.DSN(db))
 	schemas = map[int]string{19: "v19", 20: "v20"}
 	for v, schema := range schemas {
-		r, err := migrate.Open(ctx, dsn, migrate.Options{Schema: schema})
+		r, err := migrate.Open(ctx, src.Config(), migrate.Options{Schema: schema})
 		require.NoError(t, err)
 		_, err = r.UpTo(ctx, int64(v))
 		require.NoError(t, r.Close())
 		require.NoError(t, err, "migrate %s to %d", schema, v)
 	}
-	return srv, dsn, schemas
+	return srv, src, schemas
 }
 
 func TestOrganicScenarioReproducesAt19AndIsCleanAt20(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs the organic scenario for several seconds per version")
 	}
-	dsn, schemas := organicServer(t)
-	res := runOrganicJudged(t, dsn, schemas, repro.OrganicShort())
+	src, schemas := organicServer(t)
+	res := runOrganicJudged(t, src, schemas, repro.OrganicShort())
 
 	// The regression check, on every fetch of the run: at 20 every lease
 	// was alive when the function returned (the database clock), and the
@@ -119,13 +121,13 @@ func TestOrganicScenarioReproducesAt19AndIsCleanAt20(t *testing.T) {
 	require.NotContains(t, string(b), `"caller_before_ms"`, "events stay out of the JSON")
 
 	// A schema at another version than its key is refused.
-	_, err = repro.RunOrganic(context.Background(), dsn, map[int]string{20: schemas[19]}, repro.OrganicConfig{Config: dispatch.Config{Run: simconfig.Run{Duration: time.Second}}}, nil)
+	_, err = repro.RunOrganic(context.Background(), src, map[int]string{20: schemas[19]}, repro.OrganicConfig{Config: dispatch.Config{Run: simconfig.Run{Duration: time.Second}}}, nil)
 	require.ErrorContains(t, err, "is at version 19, not 20")
 
 	// A fixed lock timeout and calibration at once is refused, not guessed.
 	both := repro.OrganicShort()
 	both.LockTimeout = time.Second
-	_, err = repro.RunOrganic(context.Background(), dsn, schemas, both, nil)
+	_, err = repro.RunOrganic(context.Background(), src, schemas, both, nil)
 	require.ErrorContains(t, err, "give one")
 }
 
@@ -136,13 +138,11 @@ func TestOrganicScenarioThroughPgBouncerInTransactionMode(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs the organic scenario for several seconds per version")
 	}
-	srv, dsn, schemas := organicServerDB(t)
+	srv, src, schemas := organicServerDB(t)
 	b := pgtest.RequirePgBouncer(t, srv, "transaction")
 	cfg := repro.OrganicShort()
-	db := dsn[strings.LastIndex(dsn, "/")+1:]
-	db, _, _ = strings.Cut(db, "?")
-	cfg.ConnectDSN = b.DSN(db)
-	res := runOrganicJudged(t, dsn, schemas, cfg)
+	cfg.Via = testdb.MustSource(t, b.DSN(src.Database()))
+	res := runOrganicJudged(t, src, schemas, cfg)
 	require.Greater(t, res.Run(20).Summary.Fetches, 10)
 }
 
@@ -151,13 +151,13 @@ func TestOrganicScenarioThroughPgBouncerInTransactionMode(t *testing.T) {
 // load spike can keep 19's livelock from starting within the run, or stall
 // a process for longer than the lease between its computation and its
 // arrival at 20. So it runs at most twice; a real regression fails both.
-func runOrganicJudged(t *testing.T, dsn string, schemas map[int]string, cfg repro.OrganicConfig) repro.OrganicResult {
+func runOrganicJudged(t *testing.T, src *dbconn.Source, schemas map[int]string, cfg repro.OrganicConfig) repro.OrganicResult {
 	t.Helper()
 	var res repro.OrganicResult
 	for attempt := 1; attempt <= 2; attempt++ {
 		start := time.Now()
 		var err error
-		res, err = repro.RunOrganic(context.Background(), dsn, schemas, cfg, func(s string) { t.Log(s) })
+		res, err = repro.RunOrganic(context.Background(), src, schemas, cfg, func(s string) { t.Log(s) })
 		require.NoError(t, err)
 		var table bytes.Buffer
 		require.NoError(t, repro.PrintTable(&table, res))

@@ -7,6 +7,7 @@ import (
 
 	migrations "github.com/duroxide-pg/migrations"
 	"github.com/duroxide-pg/migrations/harness/ops/migrate"
+	"github.com/duroxide-pg/migrations/internal/dbconn"
 )
 
 // The shape every scenario repro (organic, worker) shares: a simulation
@@ -178,12 +179,12 @@ func (j *judgement) verdict() Verdict {
 }
 
 // prepare migrates each schema of schemas (version -> schema name) in the
-// database of dsn to its version and returns them, as RunOrganic and
+// database of src to its version and returns them, as RunOrganic and
 // runWorker take them; scenario names the caller in errors.
-func prepare(ctx context.Context, dsn, scenario string, schemas map[int]string) (map[int]string, error) {
+func prepare(ctx context.Context, src *dbconn.Source, scenario string, schemas map[int]string) (map[int]string, error) {
 	out := map[int]string{}
 	for v, schema := range schemas {
-		if err := migrate.To(ctx, dsn, schema, int64(v)); err != nil {
+		if err := migrate.To(ctx, src.Config(), schema, int64(v)); err != nil {
 			return nil, fmt.Errorf("%s: %w", scenario, err)
 		}
 		out[v] = schema
@@ -200,7 +201,7 @@ func schemasOf(prefix string, bug, fix int) map[int]string {
 // ascending order, after checking that each schema is at its version;
 // scenario names the caller in errors, prepare the function that migrates
 // them.
-func checkSchemas(ctx context.Context, dsn string, schemas map[int]string, scenario, prepare string) ([]int, error) {
+func checkSchemas(ctx context.Context, src *dbconn.Source, schemas map[int]string, scenario, prepare string) ([]int, error) {
 	if len(schemas) == 0 {
 		return nil, fmt.Errorf("%s: no schema to run against", scenario)
 	}
@@ -210,7 +211,7 @@ func checkSchemas(ctx context.Context, dsn string, schemas map[int]string, scena
 	}
 	sort.Ints(versions)
 	for _, v := range versions {
-		got, err := schemaVersion(ctx, dsn, schemas[v])
+		got, err := schemaVersion(ctx, src, schemas[v])
 		if err != nil {
 			return nil, fmt.Errorf("%s: schema %s: %w", scenario, schemas[v], err)
 		}
@@ -223,6 +224,6 @@ func checkSchemas(ctx context.Context, dsn string, schemas map[int]string, scena
 
 // schemaVersion reads schema's goose version without writing (a missing
 // schema is version 0, and is not created).
-func schemaVersion(ctx context.Context, dsn, schema string) (int64, error) {
-	return migrate.CurrentVersion(ctx, dsn, schema)
+func schemaVersion(ctx context.Context, src *dbconn.Source, schema string) (int64, error) {
+	return migrate.CurrentVersion(ctx, src.Config(), schema)
 }

@@ -22,6 +22,7 @@ import (
 
 	migrations "github.com/duroxide-pg/migrations"
 	"github.com/duroxide-pg/migrations/harness/ops/migrate"
+	"github.com/duroxide-pg/migrations/internal/dbconn"
 	"github.com/duroxide-pg/migrations/internal/testenv/upstream"
 )
 
@@ -109,29 +110,29 @@ type RuntimeResult struct {
 // OK is the verdict: reproduced on upstream, fixed on the pack.
 func (r RuntimeResult) OK() bool { return r.Reproduced && r.Fixed }
 
-// RuntimeRepro makes the two schemas in dsn's database (runtime_upstream by
+// RuntimeRepro makes the two schemas in src's database (runtime_upstream by
 // the real provider, runtime_pack by the pack at its latest version) and
 // runs the repro on each.
-func RuntimeRepro(ctx context.Context, dsn string, p *upstream.Provider, cfg RuntimeConfig, progress func(string)) (RuntimeResult, error) {
+func RuntimeRepro(ctx context.Context, src *dbconn.Source, p *upstream.Provider, cfg RuntimeConfig, progress func(string)) (RuntimeResult, error) {
 	if err := cfg.Validate(); err != nil {
 		return RuntimeResult{}, err
 	}
 	res := RuntimeResult{Addon: upstream.AddonPackage, HoldMs: cfg.Hold.Milliseconds(), LockTimeoutMs: RuntimeLockTimeout.Milliseconds()}
 	const upSchema, packSchema = "runtime_upstream", "runtime_pack"
-	if err := p.Migrate(ctx, dsn, upSchema); err != nil {
+	if err := p.Migrate(ctx, src, upSchema); err != nil {
 		return res, err
 	}
-	if err := migrate.To(ctx, dsn, packSchema, migrations.Latest()); err != nil {
+	if err := migrate.To(ctx, src.Config(), packSchema, migrations.Latest()); err != nil {
 		return res, err
 	}
 	var err error
 	progress(fmt.Sprintf("runtime repro: %s (made by the real provider), %d holds of %v", upSchema, cfg.Holds, cfg.Hold))
-	if res.Upstream, err = runtimeSide(ctx, dsn, p, upSchema, cfg); err != nil {
+	if res.Upstream, err = runtimeSide(ctx, src, p, upSchema, cfg); err != nil {
 		return res, err
 	}
 	res.Upstream.Made = "real provider " + upstream.AddonPackage + " (upstream 1..21, 23)"
 	progress(fmt.Sprintf("runtime repro: %s (the pack at %04d)", packSchema, migrations.Latest()))
-	if res.Pack, err = runtimeSide(ctx, dsn, p, packSchema, cfg); err != nil {
+	if res.Pack, err = runtimeSide(ctx, src, p, packSchema, cfg); err != nil {
 		return res, err
 	}
 	res.Pack.Made = fmt.Sprintf("the pack at %04d", migrations.Latest())
@@ -160,8 +161,8 @@ type holder struct {
 	pid  uint32
 }
 
-func openHolder(ctx context.Context, dsn string) (*holder, error) {
-	conn, err := pgx.Connect(ctx, dsn)
+func openHolder(ctx context.Context, src *dbconn.Source) (*holder, error) {
+	conn, err := src.Connect(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("runtime repro: key holder: %w", err)
 	}
@@ -182,12 +183,12 @@ func (h *holder) unlock(ctx context.Context, instance string) error {
 // one worker) while two holder sessions take the instance's key in turn:
 // each queues on it behind the runtime's waiting fetch, so the fetch gets
 // the key between two holds, as it would behind a convoy.
-func runtimeSide(ctx context.Context, dsn string, p *upstream.Provider, schema string, cfg RuntimeConfig) (RuntimeSide, error) {
+func runtimeSide(ctx context.Context, src *dbconn.Source, p *upstream.Provider, schema string, cfg RuntimeConfig) (RuntimeSide, error) {
 	side := RuntimeSide{Schema: schema}
 	instance := "repro-runtime-" + schema
 	var hs [2]*holder
 	for i := range hs {
-		h, err := openHolder(ctx, dsn)
+		h, err := openHolder(ctx, src)
 		if err != nil {
 			return side, err
 		}
@@ -228,7 +229,7 @@ func runtimeSide(ctx context.Context, dsn string, p *upstream.Provider, schema s
 	done := make(chan outcome, 1)
 	wait := time.Duration(cfg.Holds+2)*cfg.Hold + 30*time.Second
 	go func() {
-		res, err := p.RunRuntime(ctx, dsn, upstream.Run{
+		res, err := p.RunRuntime(ctx, src, upstream.Run{
 			Schema:    schema,
 			Runtime:   upstream.RuntimeOptions{OrchestrationConcurrency: 1, WorkerConcurrency: 1},
 			Scenarios: []upstream.Scenario{{Name: "single", InstanceID: instance}},

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/duroxide-pg/migrations/internal/dbconn"
 	"github.com/duroxide-pg/migrations/internal/sim/simconfig"
 	"github.com/duroxide-pg/migrations/internal/sim/worker"
 )
@@ -112,10 +113,10 @@ func workerSchemas() map[int]string {
 	return schemasOf("worker", bug, fix)
 }
 
-// prepareWorker migrates workerSchemas in the database of dsn, each to its
+// prepareWorker migrates workerSchemas in the database of src, each to its
 // version. It returns the map runWorker takes.
-func prepareWorker(ctx context.Context, dsn string) (map[int]string, error) {
-	return prepare(ctx, dsn, "worker", workerSchemas())
+func prepareWorker(ctx context.Context, src *dbconn.Source) (map[int]string, error) {
+	return prepare(ctx, src, "worker", workerSchemas())
 }
 
 // WorkerSettings echoes the scenario's settings in readable units.
@@ -154,9 +155,9 @@ type WorkerCalibration struct {
 
 // calibrateWorker measures the median of 9 uncontended fetch+ack cycles on
 // schema and derives the lock timeout (see WorkerDefaults).
-func calibrateWorker(ctx context.Context, dsn, schema string) (WorkerCalibration, error) {
+func calibrateWorker(ctx context.Context, src *dbconn.Source, schema string) (WorkerCalibration, error) {
 	const samples = 9
-	lat, err := worker.MeasureCycle(ctx, dsn, schema, samples)
+	lat, err := worker.MeasureCycle(ctx, src, schema, samples)
 	if err != nil {
 		return WorkerCalibration{}, fmt.Errorf("worker: calibrate: %w", err)
 	}
@@ -188,9 +189,9 @@ type WorkerResult = Result[WorkerSettings, WorkerCalibration, worker.Summary, wo
 // activity times and skews then scale with the timeout (workerTimes), and
 // the other zero fields take worker's defaults, applied here once.
 // progress, when not nil, receives one line per step.
-func runWorker(ctx context.Context, dsn string, schemas map[int]string, cfg WorkerConfig, progress func(string)) (WorkerResult, error) {
+func runWorker(ctx context.Context, src *dbconn.Source, schemas map[int]string, cfg WorkerConfig, progress func(string)) (WorkerResult, error) {
 	progress = quiet(progress)
-	versions, err := checkSchemas(ctx, dsn, schemas, "worker", "PrepareWorker")
+	versions, err := checkSchemas(ctx, src, schemas, "worker", "PrepareWorker")
 	if err != nil {
 		return WorkerResult{}, err
 	}
@@ -199,7 +200,7 @@ func runWorker(ctx context.Context, dsn string, schemas map[int]string, cfg Work
 		if cfg.LockTimeout != 0 {
 			return res, fmt.Errorf("worker: LockTimeout %v with CalibrateLockTimeout: give one", cfg.LockTimeout)
 		}
-		c, err := calibrateWorker(ctx, dsn, schemas[versions[0]])
+		c, err := calibrateWorker(ctx, src, schemas[versions[0]])
 		if err != nil {
 			return res, err
 		}
@@ -208,13 +209,15 @@ func runWorker(ctx context.Context, dsn string, schemas map[int]string, cfg Work
 		progress(fmt.Sprintf("worker calibration: one uncontended fetch+ack cycle takes %.1f ms (median of %d); lock timeout %d x that, in whole seconds, at least %v: %v",
 			c.CycleMs, c.Samples, workerLockTimeoutFactor, WorkerMinLockTimeout, cfg.LockTimeout))
 	}
+	// Checked once here, on the first version's schema; each run sets its own.
+	cfg.Schema = schemas[versions[0]]
 	wcfg := workerTimes(cfg.WithDefaults())
 	if err := wcfg.Validate(); err != nil {
 		return res, err
 	}
 	res.Settings = workerSettings(wcfg)
 	res.Runs, err = runEach(versions, schemas, func(v int, schema string) (workerRun, error) {
-		return runWorkerVersion(ctx, dsn, v, schema, wcfg, progress)
+		return runWorkerVersion(ctx, src, v, schema, wcfg, progress)
 	})
 	if err != nil {
 		return res, err
@@ -224,22 +227,22 @@ func runWorker(ctx context.Context, dsn string, schemas map[int]string, cfg Work
 	return res, nil
 }
 
-func runWorkerVersion(ctx context.Context, dsn string, version int, schema string, cfg worker.Config, progress func(string)) (workerRun, error) {
+func runWorkerVersion(ctx context.Context, src *dbconn.Source, version int, schema string, cfg worker.Config, progress func(string)) (workerRun, error) {
 	cfg.Schema = schema
 	run := workerRun{Version: version, Schema: schema}
-	seed, err := worker.Seed(ctx, dsn, cfg)
+	seed, err := worker.Seed(ctx, src, cfg)
 	if err != nil {
 		return run, fmt.Errorf("worker v%d: %w", version, err)
 	}
 	progress(fmt.Sprintf("worker v%d: %d runtimes x %d slots, %d items over %d sessions, lock timeout %v, clocks %v..+%v, for %v",
 		version, cfg.Runtimes, cfg.Slots, cfg.Items, cfg.Sessions, cfg.LockTimeout, -cfg.SkewBehind, cfg.SkewAhead, cfg.Duration))
-	log, err := worker.Run(ctx, dsn, cfg)
+	log, err := worker.Run(ctx, src, cfg)
 	if err != nil {
 		return run, fmt.Errorf("worker v%d: %w", version, err)
 	}
 	run.Events = log.Events()
 	run.Summary = worker.Summarize(run.Events, log.Elapsed())
-	pending, err := worker.PendingItems(ctx, dsn, schema)
+	pending, err := worker.PendingItems(ctx, src, schema)
 	if err != nil {
 		return run, fmt.Errorf("worker v%d: %w", version, err)
 	}

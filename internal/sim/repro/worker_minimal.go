@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/duroxide-pg/migrations/internal/dbconn"
 	"github.com/duroxide-pg/migrations/internal/sim/worker"
 )
 
@@ -79,7 +80,7 @@ func (r WorkerMinimalResult) Bug() bool { return r.StaleBug() && r.BlockBug() }
 func (r WorkerMinimalResult) Fixed() bool { return r.StaleFixed() && r.BlockFixed() }
 
 // WorkerMinimal runs both worker scenarios on schema (at version), in the
-// database of dsn, emptying its worker queue and sessions first:
+// database of src, emptying its worker queue and sessions first:
 //
 //   - the stale fetch: one visible item, fetch_work_item with p_now_ms
 //     StaleMs behind the database clock, the lease read against the
@@ -91,11 +92,11 @@ func (r WorkerMinimalResult) Fixed() bool { return r.StaleFixed() && r.BlockFixe
 //     s1 row), and w2 fetches again. The fetch is watched in
 //     pg_stat_activity; once it is seen waiting on a lock, the holder
 //     commits after Hold.
-func WorkerMinimal(ctx context.Context, dsn, schema string, version int64, cfg WorkerMinimalConfig) (WorkerMinimalResult, error) {
+func WorkerMinimal(ctx context.Context, src *dbconn.Source, schema string, version int64, cfg WorkerMinimalConfig) (WorkerMinimalResult, error) {
 	cfg.defaults()
 	res := WorkerMinimalResult{HoldMs: cfg.Hold.Milliseconds(),
 		StaleFetch: StaleFetch{Schema: schema, Version: version, StaleMs: cfg.StaleMs, LockTimeoutMs: cfg.LockTimeoutMs}}
-	conn, err := pgx.Connect(ctx, dsn)
+	conn, err := src.Connect(ctx)
 	if err != nil {
 		return res, fmt.Errorf("worker minimal: %w", err)
 	}
@@ -103,7 +104,7 @@ func WorkerMinimal(ctx context.Context, dsn, schema string, version int64, cfg W
 	if err := workerStale(ctx, conn, schema, cfg, &res); err != nil {
 		return res, fmt.Errorf("worker minimal v%d, stale fetch: %w", version, err)
 	}
-	if err := workerBlocked(ctx, conn, dsn, schema, cfg, &res); err != nil {
+	if err := workerBlocked(ctx, conn, src, schema, cfg, &res); err != nil {
 		return res, fmt.Errorf("worker minimal v%d, blocked session fetch: %w", version, err)
 	}
 	return res, nil
@@ -164,7 +165,7 @@ func workerStale(ctx context.Context, conn *pgx.Conn, schema string, cfg WorkerM
 	return nil
 }
 
-func workerBlocked(ctx context.Context, conn *pgx.Conn, dsn, schema string, cfg WorkerMinimalConfig, res *WorkerMinimalResult) error {
+func workerBlocked(ctx context.Context, conn *pgx.Conn, src *dbconn.Source, schema string, cfg WorkerMinimalConfig, res *WorkerMinimalResult) error {
 	c, now, err := freshWorkerQueue(ctx, conn, schema)
 	if err != nil {
 		return err
@@ -188,7 +189,7 @@ func workerBlocked(ctx context.Context, conn *pgx.Conn, dsn, schema string, cfg 
 		return errors.New("the first fetch did not return the first item of session s1")
 	}
 
-	holder, err := pgx.Connect(ctx, dsn)
+	holder, err := src.Connect(ctx)
 	if err != nil {
 		return err
 	}
@@ -206,7 +207,7 @@ func workerBlocked(ctx context.Context, conn *pgx.Conn, dsn, schema string, cfg 
 		return fmt.Errorf("the holder's renew_session_lock renewed %d sessions, want 1 (s1)", renewed)
 	}
 
-	fetcher, err := pgx.Connect(ctx, dsn)
+	fetcher, err := src.Connect(ctx)
 	if err != nil {
 		return err
 	}
@@ -282,10 +283,10 @@ GROUP BY a.pid`, fetcher.PgConn().PID()).Scan(&waitStart)
 }
 
 // RunWorkerMinimal runs WorkerMinimal at each of versions, on schemas[v]
-// in the database of dsn.
-func RunWorkerMinimal(ctx context.Context, dsn string, schemas map[int64]string, versions []int64) ([]WorkerMinimalResult, error) {
+// in the database of src.
+func RunWorkerMinimal(ctx context.Context, src *dbconn.Source, schemas map[int64]string, versions []int64) ([]WorkerMinimalResult, error) {
 	return atEach(versions, "worker minimal repro", func(v int64) (WorkerMinimalResult, error) {
-		return WorkerMinimal(ctx, dsn, schemas[v], v, WorkerMinimalConfig{})
+		return WorkerMinimal(ctx, src, schemas[v], v, WorkerMinimalConfig{})
 	})
 }
 

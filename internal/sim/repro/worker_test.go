@@ -12,6 +12,7 @@ import (
 	"github.com/duroxide-pg/migrations/harness/ops/migrate"
 	"github.com/duroxide-pg/migrations/internal/sim/repro"
 	"github.com/duroxide-pg/migrations/internal/testenv/pgtest"
+	"github.com/duroxide-pg/migrations/internal/testenv/testdb"
 )
 
 func TestWorkerMinimalShowsBothSymptomsBeforeTheFixAndNeitherAfter(t *testing.T) {
@@ -22,14 +23,14 @@ func TestWorkerMinimalShowsBothSymptomsBeforeTheFixAndNeitherAfter(t *testing.T)
 	t.Cleanup(func() { _ = srv.Close(context.Background()) })
 	db, err := srv.CreateDatabase(ctx, "worker_minimal_", "")
 	require.NoError(t, err)
-	dsn := srv.DSN(db)
+	src := testdb.MustSource(t, srv.DSN(db))
 	bug, fix := repro.WorkerVersions()
 	require.Less(t, bug, fix)
 
 	run := func(v int) repro.WorkerMinimalResult {
 		schema := fmt.Sprintf("worker_minimal_v%d", v)
-		require.NoError(t, migrate.To(ctx, dsn, schema, int64(v)))
-		res, err := repro.WorkerMinimal(ctx, dsn, schema, int64(v), repro.WorkerMinimalConfig{})
+		require.NoError(t, migrate.To(ctx, src.Config(), schema, int64(v)))
+		res, err := repro.WorkerMinimal(ctx, src, schema, int64(v), repro.WorkerMinimalConfig{})
 		require.NoError(t, err)
 		t.Logf("v%d: %+v", v, res)
 		return res

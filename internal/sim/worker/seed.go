@@ -7,6 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/duroxide-pg/migrations/internal/dbconn"
 	"github.com/duroxide-pg/migrations/internal/sim/eventlog"
 	"github.com/duroxide-pg/migrations/internal/sim/simconfig"
 )
@@ -20,12 +21,12 @@ type SeedInfo struct {
 // Seed empties the schema's worker queue, sessions and orchestrator queue
 // and enqueues items 1..cfg.Items (Config.ItemAt), visible an hour before
 // the database clock so that every worker's clock sees them.
-func Seed(ctx context.Context, dsn string, cfg Config) (SeedInfo, error) {
+func Seed(ctx context.Context, src *dbconn.Source, cfg Config) (SeedInfo, error) {
 	cfg, err := simconfig.Ready(cfg)
 	if err != nil {
 		return SeedInfo{}, err
 	}
-	conn, err := pgx.Connect(ctx, dsn)
+	conn, err := src.Connect(ctx)
 	if err != nil {
 		return SeedInfo{}, fmt.Errorf("worker: seed: %w", err)
 	}
@@ -59,8 +60,8 @@ func Seed(ctx context.Context, dsn string, cfg Config) (SeedInfo, error) {
 
 // PendingItems returns the ids of the items still in the schema's worker
 // queue.
-func PendingItems(ctx context.Context, dsn, schema string) ([]string, error) {
-	conn, err := pgx.Connect(ctx, dsn)
+func PendingItems(ctx context.Context, src *dbconn.Source, schema string) ([]string, error) {
+	conn, err := src.Connect(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -112,8 +113,8 @@ func Conservation(seeded []string, events []Event, pending []string) error {
 // enqueues one session-bound item (not timed), fetches it and acks it with
 // its completion. It leaves the schema's worker queue, sessions and
 // orchestrator queue empty.
-func MeasureCycle(ctx context.Context, dsn, schema string, n int) ([]time.Duration, error) {
-	conn, err := pgx.Connect(ctx, dsn)
+func MeasureCycle(ctx context.Context, src *dbconn.Source, schema string, n int) ([]time.Duration, error) {
+	conn, err := src.Connect(ctx)
 	if err != nil {
 		return nil, err
 	}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/duroxide-pg/migrations/internal/dbconn"
 	"github.com/duroxide-pg/migrations/internal/sim/clock"
 	"github.com/duroxide-pg/migrations/internal/sim/defaults"
 	"github.com/duroxide-pg/migrations/internal/sim/renewal"
@@ -195,20 +196,17 @@ type run struct {
 	stop      context.CancelFunc
 }
 
-// Run runs cfg against dsn for cfg.Duration (or until ctx is cancelled, or
+// Run runs cfg against src for cfg.Duration (or until ctx is cancelled, or
 // every seeded item is completed with StopWhenDone) and returns the log.
 // The schema must be seeded (Seed). Every connection is closed and every
 // goroutine has ended when it returns; an activity in progress when the run
 // ends is finished and acked first.
-func Run(ctx context.Context, dsn string, cfg Config) (*Log, error) {
+func Run(ctx context.Context, src *dbconn.Source, cfg Config) (*Log, error) {
 	cfg, err := simconfig.Ready(cfg)
 	if err != nil {
 		return nil, err
 	}
-	connCfg, err := pgx.ParseConfig(dsn)
-	if err != nil {
-		return nil, fmt.Errorf("worker: parse DSN: %w", err)
-	}
+	connCfg := src.Config()
 	var conns []*pgx.Conn
 	defer func() {
 		for _, c := range conns {

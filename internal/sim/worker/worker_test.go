@@ -12,9 +12,11 @@ import (
 
 	migrations "github.com/duroxide-pg/migrations"
 	"github.com/duroxide-pg/migrations/harness/ops/migrate"
+	"github.com/duroxide-pg/migrations/internal/dbconn"
 	"github.com/duroxide-pg/migrations/internal/sim/simconfig"
 	"github.com/duroxide-pg/migrations/internal/sim/worker"
 	"github.com/duroxide-pg/migrations/internal/testenv/pgtest"
+	"github.com/duroxide-pg/migrations/internal/testenv/testdb"
 )
 
 // One throwaway server for the package's tests, started on first use and
@@ -35,7 +37,7 @@ func TestMain(m *testing.M) {
 
 // database creates a database on the package's server with one schema per
 // version, named s<version>, and returns its DSN.
-func database(t *testing.T, versions ...int64) string {
+func database(t *testing.T, versions ...int64) *dbconn.Source {
 	t.Helper()
 	srvOnce.Do(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -50,11 +52,11 @@ func database(t *testing.T, versions ...int64) string {
 	db, err := srv.CreateDatabase(ctx, "worker_", "")
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = srv.DropDatabase(context.Background(), db) })
-	dsn := srv.DSN(db)
+	src := testdb.MustSource(t, srv.DSN(db))
 	for _, v := range versions {
-		require.NoError(t, migrate.To(ctx, dsn, schemaOf(v), v))
+		require.NoError(t, migrate.To(ctx, src.Config(), schemaOf(v), v))
 	}
-	return dsn
+	return src
 }
 
 func schemaOf(v int64) string { return "s" + itoa(v) }
@@ -68,23 +70,23 @@ func itoa(v int64) string {
 
 func TestSixteenWorkersAtTheFixCompleteEveryItemExactlyOnce(t *testing.T) {
 	_, fix := migrations.WorkerFix()
-	dsn := database(t, fix)
+	src := database(t, fix)
 	cfg := worker.Config{
 		Run:      simconfig.Run{Schema: schemaOf(fix), LockTimeout: 5 * time.Second, Duration: time.Minute},
 		Runtimes: 4, Slots: 4, Items: 300, Sessions: 6, Tagged: true,
 		StopWhenDone: true, ShortActivity: 5 * time.Millisecond,
 		SkewBehind: 2 * time.Second, SkewAhead: 500 * time.Millisecond, WatchLocks: true}
-	seed, err := worker.Seed(context.Background(), dsn, cfg)
+	seed, err := worker.Seed(context.Background(), src, cfg)
 	require.NoError(t, err)
 	require.Len(t, seed.Items, 300)
 
-	log, err := worker.Run(context.Background(), dsn, cfg)
+	log, err := worker.Run(context.Background(), src, cfg)
 	require.NoError(t, err)
 	events := log.Events()
 	s := worker.Summarize(events, log.Elapsed())
 	t.Logf("%+v", s)
 
-	pending, err := worker.PendingItems(context.Background(), dsn, cfg.Schema)
+	pending, err := worker.PendingItems(context.Background(), src, cfg.Schema)
 	require.NoError(t, err)
 	require.Empty(t, pending, "every item was completed before the run ended")
 	require.NoError(t, worker.Conservation(seed.Items, events, pending), "each item completed exactly once")

@@ -5,6 +5,8 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/duroxide-pg/migrations/internal/dbconn"
 )
 
 // dsnServer is an existing server the harness does not own: it only creates
@@ -16,14 +18,14 @@ type dsnServer struct {
 func openDSN(ctx context.Context, dsn string) (*dsnServer, error) {
 	cfg, err := pgx.ParseConfig(dsn)
 	if err != nil {
-		return nil, fmt.Errorf("bad DSN %s: %w", Redact(dsn), err)
+		return nil, fmt.Errorf("bad DSN %s: %w", dbconn.Redact(dsn), err)
 	}
 	if cfg.Database == "" {
 		cfg.Database = "postgres"
 	}
 	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
-		return nil, fmt.Errorf("connect to %s: %w", Redact(dsn), err)
+		return nil, fmt.Errorf("connect to %s: %w", dbconn.Redact(dsn), err)
 	}
 	defer conn.Close(ctx)
 	var canCreate bool
@@ -31,7 +33,7 @@ func openDSN(ctx context.Context, dsn string) (*dsnServer, error) {
 		return nil, fmt.Errorf("check CREATEDB privilege: %w", err)
 	}
 	if !canCreate {
-		return nil, fmt.Errorf("role %q on %s may not create databases; grant CREATEDB or use another backend", cfg.User, Redact(dsn))
+		return nil, fmt.Errorf("role %q on %s may not create databases; grant CREATEDB or use another backend", cfg.User, dbconn.Redact(dsn))
 	}
 	return &dsnServer{cfg: cfg}, nil
 }

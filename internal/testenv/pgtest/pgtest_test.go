@@ -142,13 +142,6 @@ func TestImageRef(t *testing.T) {
 	}
 }
 
-func TestRedact(t *testing.T) {
-	require.Equal(t, "postgres://u:xxxxx@h:5432/db", Redact("postgres://u:pw@h:5432/db"))
-	require.Equal(t, "postgres://u@h/db", Redact("postgres://u@h/db"))
-	require.Equal(t, "host=h password=xxxxx user=u", Redact("host=h password=pw user=u"))
-	require.Equal(t, "postgres://u:xxxxx@%zz/db", Redact("postgres://u:pw@%zz/db"), "even a URL that does not parse")
-}
-
 func TestFindBinariesRejectsAnEmptyPGBin(t *testing.T) {
 	_, err := findBinaries(t.TempDir())
 	require.ErrorContains(t, err, "does not hold initdb")

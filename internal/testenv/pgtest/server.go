@@ -12,11 +12,11 @@ import (
 	"fmt"
 	"net/url"
 	"os"
-	"regexp"
-	"strings"
 	"sync"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/duroxide-pg/migrations/internal/dbconn"
 )
 
 // Backend names a way of obtaining a PostgreSQL server.
@@ -146,6 +146,9 @@ func (s *Server) ConnConfig(name string) *pgx.ConnConfig {
 	return cfg
 }
 
+// Source opens connections to database name.
+func (s *Server) Source(name string) (*dbconn.Source, error) { return dbconn.Parse(s.DSN(name)) }
+
 // DSN returns a URL for database name, password included (never print it;
 // use Redact).
 func (s *Server) DSN(name string) string {
@@ -234,7 +237,7 @@ func (s *Server) Close(ctx context.Context) error {
 func (s *Server) admin(ctx context.Context, stmt string) error {
 	conn, err := pgx.ConnectConfig(ctx, s.inst.adminConfig())
 	if err != nil {
-		return fmt.Errorf("connect to %s: %w", Redact(s.DSN(s.inst.adminConfig().Database)), err)
+		return fmt.Errorf("connect to %s: %w", dbconn.Redact(s.DSN(s.inst.adminConfig().Database)), err)
 	}
 	defer conn.Close(ctx)
 	_, err = conn.Exec(ctx, stmt)
@@ -248,31 +251,6 @@ func UniqueName(prefix string) string {
 		panic(err) // crypto/rand never fails on Linux
 	}
 	return prefix + hex.EncodeToString(b[:])
-}
-
-// urlPassword matches the password part of a URL-shaped DSN, even one that
-// does not parse.
-var urlPassword = regexp.MustCompile(`(://[^:/@\s]*):[^@\s]*@`)
-
-// Redact replaces the password of a URL or key=value DSN with "xxxxx".
-func Redact(dsn string) string {
-	if u, err := url.Parse(dsn); err == nil && u.Scheme != "" && u.User != nil {
-		if _, has := u.User.Password(); has {
-			u.User = url.UserPassword(u.User.Username(), "xxxxx")
-			return u.String()
-		}
-		return dsn
-	}
-	if strings.Contains(dsn, "://") {
-		return urlPassword.ReplaceAllString(dsn, "$1:xxxxx@")
-	}
-	fields := strings.Fields(dsn)
-	for i, f := range fields {
-		if strings.HasPrefix(strings.ToLower(f), "password=") {
-			fields[i] = "password=xxxxx"
-		}
-	}
-	return strings.Join(fields, " ")
 }
 
 // Restart stops the server with a fast shutdown and starts it again on the

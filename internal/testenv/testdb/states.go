@@ -29,7 +29,7 @@ func (p *Pool) UpstreamShaped(t testing.TB, u int64) *Database {
 		t.Fatalf("the pack has no port of upstream version %d", u)
 	}
 	return p.NewState(t, fmt.Sprintf("upstream-shaped-%d", u), port.Version, func(ctx context.Context, db *Database) error {
-		r, err := migrate.Open(ctx, db.DSN, migrate.Options{Schema: db.Schema})
+		r, err := migrate.Open(ctx, db.Source.Config(), migrate.Options{Schema: db.Schema})
 		if err != nil {
 			return err
 		}
@@ -55,7 +55,7 @@ func (p *Pool) RealProvider(t testing.TB) *Database {
 	t.Helper()
 	provider := upstream.Require(t)
 	return p.NewState(t, "real-provider", 0, func(ctx context.Context, db *Database) error {
-		return provider.Migrate(ctx, db.DSN, db.Schema)
+		return provider.Migrate(ctx, db.Source, db.Schema)
 	})
 }
 
@@ -66,7 +66,7 @@ func (p *Pool) PackThenProvider(t testing.TB, v int64) *Database {
 	t.Helper()
 	provider := upstream.Require(t)
 	return p.NewState(t, fmt.Sprintf("pack-%d-then-provider", v), v, func(ctx context.Context, db *Database) error {
-		return provider.Migrate(ctx, db.DSN, db.Schema)
+		return provider.Migrate(ctx, db.Source, db.Schema)
 	})
 }
 

@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/duroxide-pg/migrations/harness/ops/migrate"
+	"github.com/duroxide-pg/migrations/internal/dbconn"
 	"github.com/duroxide-pg/migrations/internal/testenv/pgtest"
 )
 
@@ -58,9 +59,11 @@ type Database struct {
 	Name   string
 	Schema string
 	// DSN connects with the server's default search_path: call functions
-	// schema-qualified, as duroxide-pg does.
-	DSN string
-	srv *pgtest.Server
+	// schema-qualified, as duroxide-pg does. Source is the same, parsed:
+	// what the simulators and the migration runner take.
+	DSN    string
+	Source *dbconn.Source
+	srv    *pgtest.Server
 }
 
 // Template returns the name of a database migrated to version (Latest for
@@ -107,7 +110,7 @@ func (p *Pool) buildTemplate(ctx context.Context, version int64) (string, error)
 	if err != nil {
 		return "", err
 	}
-	r, err := migrate.Open(ctx, db.DSN, migrate.Options{Schema: p.schema})
+	r, err := migrate.Open(ctx, db.Source.Config(), migrate.Options{Schema: p.schema})
 	if err != nil {
 		return "", err
 	}
@@ -130,7 +133,11 @@ func (p *Pool) clone(ctx context.Context, prefix, template string) (*Database, e
 	for attempt := 0; ; attempt++ {
 		name, err := p.srv.CreateDatabase(ctx, prefix, template)
 		if err == nil {
-			return &Database{Name: name, Schema: p.schema, DSN: p.srv.DSN(name), srv: p.srv}, nil
+			src, err := p.srv.Source(name)
+			if err != nil {
+				return nil, err
+			}
+			return &Database{Name: name, Schema: p.schema, DSN: src.DSN(), Source: src, srv: p.srv}, nil
 		}
 		if template == "" || attempt == 20 || ctx.Err() != nil {
 			return nil, err
@@ -209,7 +216,7 @@ func (p *Pool) adopt(t testing.TB, template string) *Database {
 				return
 			}
 			p.srv.Forget(db.Name)
-			t.Logf("kept database %s for inspection: %s", db.Name, pgtest.Redact(db.DSN))
+			t.Logf("kept database %s for inspection: %s", db.Name, dbconn.Redact(db.DSN))
 			return
 		}
 		if err := db.Drop(context.Background()); err != nil {
@@ -225,7 +232,7 @@ func (d *Database) Drop(ctx context.Context) error { return d.srv.DropDatabase(c
 // Runner opens a migration runner on the database (closed with t).
 func (d *Database) Runner(t testing.TB) *migrate.Runner {
 	t.Helper()
-	r, err := migrate.Open(context.Background(), d.DSN, migrate.Options{Schema: d.Schema})
+	r, err := migrate.Open(context.Background(), d.Source.Config(), migrate.Options{Schema: d.Schema})
 	if err != nil {
 		t.Fatalf("migration runner: %v", err)
 	}
@@ -296,4 +303,14 @@ func RunTests(m *testing.M, setup func(*pgtest.Server)) int {
 	}()
 	setup(srv)
 	return m.Run()
+}
+
+// MustSource parses dsn for a test, failing it when dsn does not parse.
+func MustSource(t testing.TB, dsn string) *dbconn.Source {
+	t.Helper()
+	src, err := dbconn.Parse(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return src
 }

@@ -14,6 +14,8 @@ import (
 	"sort"
 	"strings"
 	"time"
+
+	"github.com/duroxide-pg/migrations/internal/dbconn"
 )
 
 // runtimeDriver is the project's own wrapper of the addon's raw exports
@@ -181,7 +183,7 @@ func (p *Provider) driver() (string, error) {
 // its latest version), the runtime starts with run.Runtime, the client
 // runs every scenario at once, and the runtime shuts down. dsn is handed
 // to the driver on its stdin, not its command line.
-func (p *Provider) RunRuntime(ctx context.Context, dsn string, run Run) (*RuntimeResult, error) {
+func (p *Provider) RunRuntime(ctx context.Context, src *dbconn.Source, run Run) (*RuntimeResult, error) {
 	driver, err := p.driver()
 	if err != nil {
 		return nil, err
@@ -200,7 +202,7 @@ func (p *Provider) RunRuntime(ctx context.Context, dsn string, run Run) (*Runtim
 	defer os.RemoveAll(logDir)
 	logFile := filepath.Join(logDir, "runtime.log")
 	req, err := json.Marshal(map[string]any{
-		"dsn": dsn, "schema": run.Schema, "logFile": logFile, "runtime": run.Runtime,
+		"dsn": src.DSN(), "schema": run.Schema, "logFile": logFile, "runtime": run.Runtime,
 		"scenarios": run.Scenarios, "prefix": run.Prefix, "timeoutMs": wait.Milliseconds(),
 		"finalState": run.FinalState,
 	})

@@ -18,6 +18,8 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
+
+	"github.com/duroxide-pg/migrations/internal/dbconn"
 )
 
 // AddonPackage is the npm package, and the version, tools/upstream pins.
@@ -89,14 +91,14 @@ func toolsDir() (string, error) {
 // Addon is the path of the addon's .node file.
 func (p *Provider) Addon() string { return p.addon }
 
-// Migrate connects the real provider to dsn with schema, which runs
+// Migrate connects the real provider to the database of src with schema, which runs
 // upstream's migration runner there: it creates the schema when missing and
 // applies every upstream migration not yet recorded in its
 // _duroxide_migrations table (0.1.29: 1..21 and 23).
-func (p *Provider) Migrate(ctx context.Context, dsn, schema string) error {
+func (p *Provider) Migrate(ctx context.Context, src *dbconn.Source, schema string) error {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, p.node, "-", p.addon, dsn, schema)
+	cmd := exec.CommandContext(ctx, p.node, "-", p.addon, src.DSN(), schema)
 	cmd.Stdin = strings.NewReader(provisionScript)
 	var out bytes.Buffer
 	cmd.Stdout = &out
