@@ -3,7 +3,6 @@ package migrate
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"fmt"
 	"io/fs"
 	"path"
@@ -16,12 +15,6 @@ import (
 
 	migrations "github.com/duroxide-pg/migrations"
 )
-
-// ErrNoSchema reports a target schema that does not exist.
-var ErrNoSchema = errors.New("schema does not exist")
-
-// ErrNoVersionTable reports a schema without goose's table.
-var ErrNoVersionTable = errors.New("no goose version table")
 
 // Applied is what goose's table records of one version.
 type Applied struct {
