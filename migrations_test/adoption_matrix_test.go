@@ -45,6 +45,10 @@ type startState struct {
 	goose, upstream int64
 	// fetch and ack are doctor's verdicts of the two fixed functions.
 	fetch, ack string
+	// amendedLease: the fetch is not the pack's, yet a stale caller
+	// timestamp gets a full lease (upstream's candidate with the amendment
+	// offered upstream).
+	amendedLease bool
 }
 
 func matrixStates() []startState {
@@ -64,6 +68,13 @@ func matrixStates() []startState {
 		pack(unfixedStop()), pack(orchFixedStop()), pack(latest),
 		{name: "made by the real provider", goose: noGoose, upstream: upstreamLevel, fetch: doctor.Unfixed, ack: doctor.Unfixed,
 			open: func(t *testing.T) *testdb.Database { return dbs.RealProvider(t) }},
+		// What a duroxide-pg release carrying upstream's candidate fix of
+		// its issue #21 (unreleased; our port of it), or that candidate
+		// with the amendment offered upstream, leaves.
+		{name: "made by the real provider, then upstream's candidate fix (port)", goose: noGoose, upstream: upstreamLevel, fetch: doctor.Unfixed, ack: doctor.Unfixed,
+			open: func(t *testing.T) *testdb.Database { return dbs.UpstreamCandidate(t) }},
+		{name: "made by the real provider, then upstream's candidate fix (port) and the amendment", goose: noGoose, upstream: upstreamLevel, fetch: doctor.Unfixed, ack: doctor.Unfixed, amendedLease: true,
+			open: func(t *testing.T) *testdb.Database { return dbs.UpstreamAmended(t) }},
 		shaped(19), shaped(20), shaped(21),
 		// Its runner replaced 0021's ack with upstream 20's; the fetch,
 		// which upstream 20..23 leave alone, keeps 0020's fix.
@@ -161,17 +172,20 @@ type outcome struct {
 	needsBaseline   bool
 	goose, upstream int64
 	fetch, ack      string
+	// fullLease: a fetch with a stale caller timestamp returns a full lease
+	// (the pack's fix, or the amended candidate).
+	fullLease bool
 }
 
 // expect is the table's end-state column, as rules: what the docs promise
 // a DBA for each start state and procedure.
 func expect(s startState, proc procedureKind) outcome {
 	latest := migrations.Latest()
-	unchanged := outcome{goose: s.goose, upstream: s.upstream, fetch: s.fetch, ack: s.ack}
+	unchanged := outcome{goose: s.goose, upstream: s.upstream, fetch: s.fetch, ack: s.ack, fullLease: s.fetch == doctor.Fixed || s.amendedLease}
 	adopted := s.goose != noGoose || s.upstream == 0
 	at := func(v int64) outcome {
 		fetch, ack := verdictsAt(v)
-		return outcome{goose: v, upstream: migrations.UpstreamAt(v), fetch: fetch, ack: ack}
+		return outcome{goose: v, upstream: migrations.UpstreamAt(v), fetch: fetch, ack: ack, fullLease: fetch == doctor.Fixed}
 	}
 	switch proc {
 	case baselineThenUp:
@@ -290,7 +304,7 @@ func runCell(t *testing.T, s startState, p procedure, want outcome) {
 	probe, err := repro.Minimal(ctx, h.pool, db.Schema, want.goose, repro.MinimalConfig{Filter: orch.RuntimeFilter()})
 	require.NoError(t, err)
 	require.True(t, probe.Fetched, "the probe's message was fetched")
-	if want.fetch == doctor.Fixed {
+	if want.fullLease {
 		require.True(t, probe.Fixed(), "fixed fetch: a full lease (%d ms left) and a successful ack (%s)", probe.RemainingMs, probe.AckError)
 	} else {
 		require.True(t, probe.Bug(), "unfixed fetch: an expired lease (%d ms left) and a refused ack", probe.RemainingMs)
@@ -372,7 +386,7 @@ func requireFunctionsAsAtLatest(t *testing.T, h *schemaDB) {
 	require.Len(t, funcs, len(texts)+len(added), "the functions of pack %d", latest)
 	for id, f := range funcs {
 		if fp, ok := added[f.Name]; ok {
-			require.True(t, f.Matches(fp), "%s is the text of the fix that adds it", id)
+			require.True(t, f.Matches(fp), "%s is the text of the newest fix that defines it", id)
 			continue
 		}
 		if d, ok := fingerprint.Identify(f); ok && d.Fixed {

@@ -135,7 +135,7 @@ func requirePackTexts(t *testing.T, r *migrate.Runner, v int64) {
 	require.Len(t, funcs, len(texts)+len(added), "at %04d: the functions are the pack's", v)
 	for id, f := range funcs {
 		if fp, ok := added[f.Name]; ok {
-			require.True(t, f.Matches(fp), "at %04d %s is the text of the fix that adds it", v, id)
+			require.True(t, f.Matches(fp), "at %04d %s is the text of the newest fix that defines it", v, id)
 			continue
 		}
 		if fixed[f.Name] {
@@ -148,22 +148,23 @@ func requirePackTexts(t *testing.T, r *migrate.Runner, v int64) {
 }
 
 // addedFunctions are the functions the fixes up to v add (their "-- Adds:"
-// lines), with the fingerprint of the body the adding fix installs.
+// lines), with the fingerprint of the body the newest fix up to v installs
+// (the adding fix's, or a later fix's of the same function).
 func addedFunctions(v int64) map[string]string {
+	added := map[string]bool{}
 	out := map[string]string{}
 	for _, m := range migrations.Fixes() {
 		if m.Version > v {
 			continue
 		}
 		for _, a := range m.Adds {
-			kind, name, _ := strings.Cut(a, " ")
-			if kind != "function" {
-				continue
+			if kind, name, _ := strings.Cut(a, " "); kind == "function" {
+				added[name] = true
 			}
-			for _, d := range m.Definitions {
-				if d.Function == name && !d.Down {
-					out[name] = d.Fingerprint()
-				}
+		}
+		for _, d := range m.Definitions {
+			if added[d.Function] && !d.Down {
+				out[d.Function] = d.Fingerprint()
 			}
 		}
 	}

@@ -1,15 +1,17 @@
 package migrations_test
 
 // The real duroxide runtime (upstream.AddonPackage, driven by
-// tools/upstream/runtime.js) on three schemas of one throwaway database:
-// built by the pack, made by the real provider then adopted (baseline,
-// migrate up), and made by the real provider untouched (the control).
-// Every scenario must give its stated output on all three, and the two pack
-// schemas must log no line of the lease kind.
+// tools/upstream/runtime.js) on schemas of one throwaway database: built by
+// the pack; made by the real provider, then adopted (baseline, migrate up),
+// and untouched (the control); given upstream's candidate fix (port), and
+// that with the amendment offered upstream, each before and after
+// adoption. Every scenario must give its stated output on all of them, and
+// the schemas holding the pack's fixes must log no line of the lease kind.
 
 import (
 	"context"
 	"database/sql"
+	"slices"
 	"testing"
 	"time"
 
@@ -72,14 +74,25 @@ var runtimeFinal = map[string]any{
 	"running":     0.0,
 }
 
-// runtimeSchemas builds the three schemas in one database and names them:
-// pack (the pack's latest), adopted (real provider, baseline, migrate up),
-// control (real provider only).
-func runtimeSchemas(t *testing.T, p *upstream.Provider) (src *dbconn.Source, schemas []string) {
+// e2eSchema is one schema the scenarios run on, and whether it must hold
+// the pack's fixes (then it logs no line of the lease kind).
+type e2eSchema struct {
+	name  string
+	fixed bool
+	// setAside are the versions of _duroxide_migrations the addon does not
+	// know, which the driver sets aside while the provider connects.
+	setAside []int64
+}
+
+// runtimeSchemas builds, in one database: the pack's latest; a schema
+// made by the real provider, then adopted (baseline, migrate up); the same
+// untouched (the control); one that got upstream's candidate fix (port),
+// before and after adoption; and one that got the candidate with the
+// amendment offered upstream, before and after adoption.
+func runtimeSchemas(t *testing.T, p *upstream.Provider) (src *dbconn.Source, schemas []e2eSchema) {
 	t.Helper()
 	ctx := context.Background()
 	db := dbs.New(t, 0)
-	const pack, adopted, control = "e2e_pack", "e2e_adopted", "e2e_control"
 	up := func(schema string) {
 		r, err := migrate.Open(ctx, db.Source.Config(), migrate.Options{Schema: schema})
 		require.NoError(t, err, schema)
@@ -90,16 +103,39 @@ func runtimeSchemas(t *testing.T, p *upstream.Provider) (src *dbconn.Source, sch
 		require.NoError(t, err)
 		require.Equal(t, migrations.Latest(), v, "%s: migrate up reaches the pack's latest version", schema)
 	}
-	up(pack)
-	require.NoError(t, p.Migrate(ctx, db.Source, adopted))
 	conn, err := sql.Open("pgx", db.DSN)
 	require.NoError(t, err)
 	defer conn.Close()
-	_, err = baseline.Run(ctx, conn, baseline.Options{Schema: adopted})
-	require.NoError(t, err, "baseline %s", adopted)
-	up(adopted)
-	require.NoError(t, p.Migrate(ctx, db.Source, control))
-	return db.Source, []string{pack, adopted, control}
+	adopt := func(schema string) {
+		_, err = baseline.Run(ctx, conn, baseline.Options{Schema: schema})
+		require.NoError(t, err, "baseline %s", schema)
+		up(schema)
+	}
+	provider := func(schema string, extra ...func(context.Context, *dbconn.Source, string) error) {
+		require.NoError(t, p.Migrate(ctx, db.Source, schema))
+		for _, apply := range extra {
+			require.NoError(t, apply(ctx, db.Source, schema))
+		}
+	}
+	up("e2e_pack")
+	provider("e2e_adopted")
+	adopt("e2e_adopted")
+	provider("e2e_control")
+	provider("e2e_candidate", upstream.ApplyCandidate)
+	provider("e2e_candidate_adopted", upstream.ApplyCandidate)
+	adopt("e2e_candidate_adopted")
+	provider("e2e_amended", upstream.ApplyCandidate, upstream.ApplyAmendment)
+	provider("e2e_amended_adopted", upstream.ApplyCandidate, upstream.ApplyAmendment)
+	adopt("e2e_amended_adopted")
+	return db.Source, []e2eSchema{
+		{name: "e2e_pack", fixed: true},
+		{name: "e2e_adopted", fixed: true},
+		{name: "e2e_control"},
+		{name: "e2e_candidate", setAside: []int64{24}},
+		{name: "e2e_candidate_adopted", fixed: true, setAside: []int64{24}},
+		{name: "e2e_amended", setAside: []int64{24, 25}},
+		{name: "e2e_amended_adopted", fixed: true, setAside: []int64{24, 25}},
+	}
 }
 
 func TestRealRuntimeScenarios(t *testing.T) {
@@ -113,7 +149,7 @@ func TestRealRuntimeScenarios(t *testing.T) {
 	results := map[string]*upstream.RuntimeResult{}
 	for _, schema := range schemas {
 		res, err := p.RunRuntime(context.Background(), src, upstream.Run{
-			Schema: schema,
+			Schema: schema.name,
 			Runtime: upstream.RuntimeOptions{OrchestrationConcurrency: 4, WorkerConcurrency: 8,
 				WorkerTagFilter: "defaultAnd", WorkerTagFilterTags: []string{"gpu"}},
 			Scenarios:  list,
@@ -121,13 +157,13 @@ func TestRealRuntimeScenarios(t *testing.T) {
 			Wait:       90 * time.Second,
 			FinalState: true,
 		})
-		require.NoError(t, err, schema)
-		results[schema] = res
-		t.Logf("%s: %d turns in %d ms; WARN/ERROR by kind: %v", schema, res.Turns, res.RunMs, res.Tally())
+		require.NoError(t, err, schema.name)
+		results[schema.name] = res
+		t.Logf("%s: %d turns in %d ms; WARN/ERROR by kind: %v", schema.name, res.Turns, res.RunMs, res.Tally())
 	}
 	for _, schema := range schemas {
-		res := results[schema]
-		t.Run(schema, func(t *testing.T) {
+		res := results[schema.name]
+		t.Run(schema.name, func(t *testing.T) {
 			for _, s := range scenarios {
 				got := res.Results[s.Name]
 				require.NotNil(t, got, "scenario %s has a result", s.Name)
@@ -139,32 +175,37 @@ func TestRealRuntimeScenarios(t *testing.T) {
 				}
 			}
 			require.Equal(t, runtimeFinal, res.Final, "the client's view once every scenario is done")
+			require.Equal(t, schema.setAside, res.SetAside, "the versions set aside while the provider connected")
 		})
 	}
-	// Every scenario gives the same outcome, field by field, on all three.
+	// Every scenario gives the same outcome, field by field, on every schema.
 	for _, schema := range schemas[1:] {
-		require.Equal(t, results[schemas[0]].Results, results[schema].Results, "%s against %s", schema, schemas[0])
+		require.Equal(t, results[schemas[0].name].Results, results[schema.name].Results, "%s against %s", schema.name, schemas[0].name)
 	}
-	for _, schema := range schemas[:2] {
-		res := results[schema]
-		require.Empty(t, lineTexts(res.LeaseLines()), "%s: no WARN or ERROR of the lease kind", schema)
-		for _, l := range res.Logs {
-			require.NotEqual(t, "ERROR", l.Level, "%s: no ERROR line: %s", schema, l.Text())
-		}
-	}
-	// The real provider's runner, run at every connection, applied nothing
-	// over the pack: its fixes are what the runtime ran on.
 	conn, err := sql.Open("pgx", src.DSN())
 	require.NoError(t, err)
 	defer conn.Close()
-	for i, schema := range schemas {
-		fs, err := doctor.Functions(context.Background(), conn, schema)
+	for _, schema := range schemas {
+		res := results[schema.name]
+		if schema.fixed {
+			require.Empty(t, lineTexts(res.LeaseLines()), "%s: no WARN or ERROR of the lease kind", schema.name)
+			for _, l := range res.Logs {
+				require.NotEqual(t, "ERROR", l.Level, "%s: no ERROR line: %s", schema.name, l.Text())
+			}
+		} else {
+			t.Logf("%s (not the pack's fix): %d \"Invalid lock token\" lines, %d of the lease kind (reported, not required)",
+				schema.name, res.InvalidLockTokens(), len(res.LeaseLines()))
+		}
+		// The real provider's runner, run at every connection, applied
+		// nothing over the pack: its fixes are what the runtime ran on; and
+		// the versions set aside are back.
+		fs, err := doctor.Functions(context.Background(), conn, schema.name)
 		require.NoError(t, err)
-		require.Equal(t, i < 2, doctor.AllFixed(fs), "%s: every fixed function has its fix after the runs: %+v", schema, fs)
+		require.Equal(t, schema.fixed, doctor.AllFixed(fs), "%s: every fixed function has its fix after the runs: %+v", schema.name, fs)
+		var top int64
+		require.NoError(t, conn.QueryRow("SELECT max(version) FROM "+schema.name+"._duroxide_migrations").Scan(&top))
+		require.Equal(t, max(int64(upstream.AddonNewest), slices.Max(append([]int64{0}, schema.setAside...))), top, "%s: _duroxide_migrations as before the runs", schema.name)
 	}
-	control := results[schemas[2]]
-	t.Logf("control (real provider, unfixed): %d \"Invalid lock token\" lines, %d of the lease kind (reported, not required)",
-		control.InvalidLockTokens(), len(control.LeaseLines()))
 }
 
 func lineTexts(lines []upstream.LogLine) []string {

@@ -78,21 +78,34 @@
 -- table is the one home of these fingerprints; harness/ops/fingerprint reads
 -- it from this file.
 --
+-- Upstream's candidate fix of its issue #21 (its branch file
+-- 0024_fix_expired_orchestration_lock_lease.sql, unreleased; its own text
+-- and the port the pack's tests use), alone or with the amendment this
+-- project offers upstream, is known too and left as it is (behaves_as 24
+-- or 25): it never waits on a contended instance either, and its key is
+-- scoped to the schema, which this fix's is not, so installing this fix
+-- over it would undo a change of upstream's. 0029 replaces it with the
+-- pack's fix, which takes the same key. The fingerprint replaces the
+-- schema's name where it qualifies a table and where it is a string
+-- literal (the candidate's key).
+--
 -- Down identifies the definition the same way and restores version 19's
 -- definition (the pack's text, behaviourally identical to upstream's) over
--- the fix or over a 19 definition; it refuses an unknown one. Full body,
--- not an edit of the installed text: the restored definition is a known
--- one whatever text was installed before.
+-- the fix or over a 19 definition, leaves upstream's candidate as it is,
+-- and refuses an unknown one. Full body, not an edit of the installed
+-- text: the restored definition is a known one whatever text was
+-- installed before.
 
 -- +goose Up
 -- +goose StatementBegin
-DO $guard$
+DO $fix$
 DECLARE
     v_raw text;
     v_normalized text;
     v_definition text;
+    v_behaves_as integer;
 BEGIN
-    SELECT md5(p.prosrc), md5(replace(p.prosrc, n.nspname || '.', '@schema@.'))
+    SELECT md5(p.prosrc), md5(replace(replace(p.prosrc, n.nspname || '.', '@schema@.'), quote_literal(n.nspname), '''@schema@'''))
     INTO v_raw, v_normalized
     FROM pg_proc p
     JOIN pg_namespace n ON n.oid = p.pronamespace
@@ -107,11 +120,14 @@ BEGIN
     END IF;
 
     -- (function, fingerprint, definition, upstream behaviour, carries the fix)
-    SELECT k.definition INTO v_definition
+    SELECT k.definition, k.behaves_as INTO v_definition, v_behaves_as
     FROM (VALUES
         ('fetch_orchestration_item', '47b1420f427a8c6faea3d15593c06e41', 'upstream 19-23', 19, false),
         ('fetch_orchestration_item', '899345d84cfc6d76afbfa8601405c873', 'pack 0019', 19, false),
-        ('fetch_orchestration_item', '40c5d3467a5676a1ec38502e190ae645', 'pack 0020 fix', 19, true)
+        ('fetch_orchestration_item', '40c5d3467a5676a1ec38502e190ae645', 'pack 0020 fix', 19, true),
+        ('fetch_orchestration_item', '378d41386c1abb6a0489168b0a090513', 'upstream candidate 0024, unreleased', 24, false),
+        ('fetch_orchestration_item', 'c8a9d1a08c323eac5c8038ce78a3ed66', 'upstream candidate 0024, port', 24, false),
+        ('fetch_orchestration_item', '818647aef75232168f54db3f9f6fdafd', 'upstream candidate 0024 + amendment 0025', 25, false)
     ) AS k(function_name, fingerprint, definition, behaves_as, fixed)
     WHERE k.fingerprint IN (v_raw, v_normalized);
     IF NOT FOUND THEN
@@ -119,12 +135,16 @@ BEGIN
             USING ERRCODE = '55000',
                   HINT = 'It was edited by hand or comes from a duroxide-pg release newer than this pack knows. `harness doctor` shows what is installed; compare it with upstream''s before going on.';
     END IF;
+    IF v_behaves_as >= 24 THEN
+        -- Upstream's candidate fix (its text or the port), alone or with
+        -- the amendment offered upstream: it already never waits on a
+        -- contended instance, and its key is scoped to the schema, which
+        -- this fix's is not. Left as it is; 0029 replaces it with the
+        -- pack's fix, scoped key included.
+        RAISE NOTICE '0020: fetch_orchestration_item is %; it takes a schema-scoped key this fix does not: left as it is (0029 installs the pack''s fix over it)', v_definition;
+        RETURN;
+    END IF;
     RAISE NOTICE '0020: fetch_orchestration_item was %; installing the fix', v_definition;
-END;
-$guard$;
--- +goose StatementEnd
-
--- +goose StatementBegin
 CREATE OR REPLACE FUNCTION fetch_orchestration_item(
     p_now_ms bigint,
     p_lock_timeout_ms bigint,
@@ -349,17 +369,20 @@ BEGIN
     -- Every candidate tried was contended: no row, the caller polls again.
 END;
 $fn$;
+END;
+$fix$;
 -- +goose StatementEnd
 
 -- +goose Down
 -- +goose StatementBegin
-DO $guard$
+DO $undo$
 DECLARE
     v_raw text;
     v_normalized text;
     v_definition text;
+    v_behaves_as integer;
 BEGIN
-    SELECT md5(p.prosrc), md5(replace(p.prosrc, n.nspname || '.', '@schema@.'))
+    SELECT md5(p.prosrc), md5(replace(replace(p.prosrc, n.nspname || '.', '@schema@.'), quote_literal(n.nspname), '''@schema@'''))
     INTO v_raw, v_normalized
     FROM pg_proc p
     JOIN pg_namespace n ON n.oid = p.pronamespace
@@ -374,11 +397,14 @@ BEGIN
     END IF;
 
     -- (function, fingerprint, definition, upstream behaviour, carries the fix)
-    SELECT k.definition INTO v_definition
+    SELECT k.definition, k.behaves_as INTO v_definition, v_behaves_as
     FROM (VALUES
         ('fetch_orchestration_item', '47b1420f427a8c6faea3d15593c06e41', 'upstream 19-23', 19, false),
         ('fetch_orchestration_item', '899345d84cfc6d76afbfa8601405c873', 'pack 0019', 19, false),
-        ('fetch_orchestration_item', '40c5d3467a5676a1ec38502e190ae645', 'pack 0020 fix', 19, true)
+        ('fetch_orchestration_item', '40c5d3467a5676a1ec38502e190ae645', 'pack 0020 fix', 19, true),
+        ('fetch_orchestration_item', '378d41386c1abb6a0489168b0a090513', 'upstream candidate 0024, unreleased', 24, false),
+        ('fetch_orchestration_item', 'c8a9d1a08c323eac5c8038ce78a3ed66', 'upstream candidate 0024, port', 24, false),
+        ('fetch_orchestration_item', '818647aef75232168f54db3f9f6fdafd', 'upstream candidate 0024 + amendment 0025', 25, false)
     ) AS k(function_name, fingerprint, definition, behaves_as, fixed)
     WHERE k.fingerprint IN (v_raw, v_normalized);
     IF NOT FOUND THEN
@@ -386,13 +412,12 @@ BEGIN
             USING ERRCODE = '55000',
                   HINT = 'It was edited by hand or comes from a duroxide-pg release newer than this pack knows. `harness doctor` shows what is installed; compare it with upstream''s before going on.';
     END IF;
+    IF v_behaves_as >= 24 THEN
+        RAISE NOTICE '0020: fetch_orchestration_item is %, which does not carry this fix: left as it is', v_definition;
+        RETURN;
+    END IF;
     RAISE NOTICE '0020: fetch_orchestration_item was %; restoring version 19''s definition', v_definition;
-END;
-$guard$;
--- +goose StatementEnd
-
--- Restore version 19's definition, verbatim from 0019_add_kv_last_updated.sql.
--- +goose StatementBegin
+    -- Restore version 19's definition, verbatim from 0019_add_kv_last_updated.sql.
 CREATE OR REPLACE FUNCTION fetch_orchestration_item(
     p_now_ms bigint,
     p_lock_timeout_ms bigint,
@@ -598,4 +623,6 @@ BEGIN
            v_history, v_messages, v_lock_token, v_attempt_count, v_kv_snapshot;
 END;
 $fn$;
+END;
+$undo$;
 -- +goose StatementEnd

@@ -89,23 +89,28 @@
 --
 -- Which fetch it replaces: upstream's text at 19..23, the pack's 0019, the
 -- pack's 0020 fix, or this fix (installed again); anything else fails with
--- SQLSTATE 55000 and changes nothing, as 0020's guard. The objects it adds
--- are created only if missing, and the heads are rebuilt from the queue
--- under a lock that keeps writers out meanwhile, so re-applying it is safe.
+-- SQLSTATE 55000 and changes nothing, as 0020's guard. Upstream's candidate
+-- fix (alone or with the amendment offered upstream) is left as it is, as
+-- 0020 leaves it: its key is scoped to the schema and this fix's is not;
+-- 0029 replaces it. The heads are added whatever the fetch is. The objects
+-- it adds are created only if missing, and the heads are rebuilt from the
+-- queue under a lock that keeps writers out meanwhile, so re-applying it
+-- is safe.
 --
--- Down restores 0020's fix over any definition the Up knows (refusing an
--- unknown one, as the Up) and drops the triggers, the functions, the table
--- and the indexes it added.
+-- Down restores 0020's fix over any definition the Up knows but upstream's
+-- candidate (left as it is; refusing an unknown one, as the Up) and drops
+-- the triggers, the functions, the table and the indexes it added.
 
 -- +goose Up
 -- +goose StatementBegin
-DO $guard$
+DO $fix$
 DECLARE
     v_raw text;
     v_normalized text;
     v_definition text;
+    v_behaves_as integer;
 BEGIN
-    SELECT md5(p.prosrc), md5(replace(p.prosrc, n.nspname || '.', '@schema@.'))
+    SELECT md5(p.prosrc), md5(replace(replace(p.prosrc, n.nspname || '.', '@schema@.'), quote_literal(n.nspname), '''@schema@'''))
     INTO v_raw, v_normalized
     FROM pg_proc p
     JOIN pg_namespace n ON n.oid = p.pronamespace
@@ -120,12 +125,15 @@ BEGIN
     END IF;
 
     -- (function, fingerprint, definition, upstream behaviour, carries the fix)
-    SELECT k.definition INTO v_definition
+    SELECT k.definition, k.behaves_as INTO v_definition, v_behaves_as
     FROM (VALUES
         ('fetch_orchestration_item', '47b1420f427a8c6faea3d15593c06e41', 'upstream 19-23', 19, false),
         ('fetch_orchestration_item', '899345d84cfc6d76afbfa8601405c873', 'pack 0019', 19, false),
         ('fetch_orchestration_item', '40c5d3467a5676a1ec38502e190ae645', 'pack 0020 fix', 19, true),
-        ('fetch_orchestration_item', '10fbacba6a5c24f72547b794bce6755f', 'pack 0027 fix', 19, true)
+        ('fetch_orchestration_item', '10fbacba6a5c24f72547b794bce6755f', 'pack 0027 fix', 19, true),
+        ('fetch_orchestration_item', '378d41386c1abb6a0489168b0a090513', 'upstream candidate 0024, unreleased', 24, false),
+        ('fetch_orchestration_item', 'c8a9d1a08c323eac5c8038ce78a3ed66', 'upstream candidate 0024, port', 24, false),
+        ('fetch_orchestration_item', '818647aef75232168f54db3f9f6fdafd', 'upstream candidate 0024 + amendment 0025', 25, false)
     ) AS k(function_name, fingerprint, definition, behaves_as, fixed)
     WHERE k.fingerprint IN (v_raw, v_normalized);
     IF NOT FOUND THEN
@@ -133,192 +141,16 @@ BEGIN
             USING ERRCODE = '55000',
                   HINT = 'It was edited by hand or comes from a duroxide-pg release newer than this pack knows. `harness doctor` shows what is installed; compare it with upstream''s before going on.';
     END IF;
-    RAISE NOTICE '0027: fetch_orchestration_item was %; %', v_definition, 'installing the fix';
-END;
-$guard$;
--- +goose StatementEnd
-
--- +goose StatementBegin
-CREATE TABLE IF NOT EXISTS orchestrator_queue_heads (
-    instance_id text PRIMARY KEY,
-    visible_at timestamptz NOT NULL,
-    id bigint NOT NULL
-);
--- +goose StatementEnd
-
--- The head order the fetch scans; instance_id included so that the scan
--- need not visit the table on a vacuumed page.
--- +goose StatementBegin
-CREATE INDEX IF NOT EXISTS idx_orch_heads_order
-    ON orchestrator_queue_heads (visible_at, id) INCLUDE (instance_id);
--- +goose StatementEnd
-
--- One instance's oldest message in O(log n), whatever its backlog.
--- +goose StatementBegin
-CREATE INDEX IF NOT EXISTS idx_orch_instance_head
-    ON orchestrator_queue (instance_id, visible_at, id);
--- +goose StatementEnd
-
--- Offer message (p_visible_at, p_id) of p_instance_id as its head: after
--- it, the head is no later than the message, and no refresh can move it
--- past the message before this transaction ends. The instance's head key
--- in the two-key advisory space, class 2700 (0020's fetch uses the one-key
--- space, 0025 class 1400), is held shared by every transaction that offers
--- a message of the instance, and taken exclusively, never waited for, by a
--- refresh.
--- +goose StatementBegin
-CREATE OR REPLACE FUNCTION orchestrator_queue_head_offer(p_instance_id text, p_visible_at timestamptz, p_id bigint)
-RETURNS void
-LANGUAGE plpgsql
-SET search_path FROM CURRENT
-AS $fn$
-DECLARE
-    v_visible_at timestamptz;
-    v_id bigint;
-BEGIN
-    PERFORM pg_advisory_xact_lock_shared(2700, hashtext(p_instance_id));
-    -- A new statement: it sees whatever a refresh that held the key wrote.
-    SELECT h.visible_at, h.id INTO v_visible_at, v_id
-    FROM orchestrator_queue_heads h
-    WHERE h.instance_id = p_instance_id;
-    IF FOUND AND (v_visible_at, v_id) <= (p_visible_at, p_id) THEN
-        RETURN;  -- the common case: a message behind an existing head
-    END IF;
-    -- The instance's first message, or one older than its head.
-    INSERT INTO orchestrator_queue_heads AS h (instance_id, visible_at, id)
-    VALUES (p_instance_id, p_visible_at, p_id)
-    ON CONFLICT (instance_id) DO UPDATE
-       SET visible_at = EXCLUDED.visible_at, id = EXCLUDED.id
-     WHERE (h.visible_at, h.id) > (EXCLUDED.visible_at, EXCLUDED.id);
-END;
-$fn$;
--- +goose StatementEnd
-
--- Bring the head of p_instance_id up to date, unless a transaction that
--- offered a message of the instance is still open (then the head stays
--- early, which is safe): never waits.
--- +goose StatementBegin
-CREATE OR REPLACE FUNCTION orchestrator_queue_head_refresh(p_instance_id text)
-RETURNS void
-LANGUAGE plpgsql
-SET search_path FROM CURRENT
-AS $fn$
-DECLARE
-    v_visible_at timestamptz;
-    v_id bigint;
-BEGIN
-    IF NOT pg_try_advisory_xact_lock(2700, hashtext(p_instance_id)) THEN
+    IF v_behaves_as >= 24 THEN
+        -- Upstream's candidate fix (its text or the port), alone or with
+        -- the amendment offered upstream: it already never waits on a
+        -- contended instance, and its key is scoped to the schema, which
+        -- this fix's is not. Left as it is; 0029 replaces it with the
+        -- pack's fix, scoped key included.
+        RAISE NOTICE '0027: fetch_orchestration_item is %; it takes a schema-scoped key this fix does not: left as it is (0029 installs the pack''s fix over it)', v_definition;
         RETURN;
     END IF;
-    -- A new statement, so a new snapshot: every offer of this instance that
-    -- can still commit has committed, and a new one waits for this
-    -- transaction.
-    SELECT q.visible_at, q.id INTO v_visible_at, v_id
-    FROM orchestrator_queue q
-    WHERE q.instance_id = p_instance_id
-    ORDER BY q.visible_at, q.id
-    LIMIT 1;
-    IF FOUND THEN
-        INSERT INTO orchestrator_queue_heads AS h (instance_id, visible_at, id)
-        VALUES (p_instance_id, v_visible_at, v_id)
-        ON CONFLICT (instance_id) DO UPDATE
-           SET visible_at = EXCLUDED.visible_at, id = EXCLUDED.id
-         WHERE (h.visible_at, h.id) IS DISTINCT FROM (EXCLUDED.visible_at, EXCLUDED.id);
-    ELSE
-        DELETE FROM orchestrator_queue_heads WHERE instance_id = p_instance_id;
-    END IF;
-END;
-$fn$;
--- +goose StatementEnd
-
--- +goose StatementBegin
-CREATE OR REPLACE FUNCTION orchestrator_queue_heads_after_insert()
-RETURNS trigger
-LANGUAGE plpgsql
-SET search_path FROM CURRENT
-AS $fn$
-BEGIN
-    PERFORM orchestrator_queue_head_offer(NEW.instance_id, NEW.visible_at, NEW.id);
-    RETURN NULL;
-END;
-$fn$;
--- +goose StatementEnd
-
--- +goose StatementBegin
-CREATE OR REPLACE FUNCTION orchestrator_queue_heads_after_delete()
-RETURNS trigger
-LANGUAGE plpgsql
-SET search_path FROM CURRENT
-AS $fn$
-BEGIN
-    PERFORM 1 FROM orchestrator_queue_heads h
-    WHERE h.instance_id = OLD.instance_id AND h.id = OLD.id;
-    IF FOUND THEN
-        PERFORM orchestrator_queue_head_refresh(OLD.instance_id);
-    END IF;
-    RETURN NULL;
-END;
-$fn$;
--- +goose StatementEnd
-
--- A message moved earlier (or to another instance) is offered again; one
--- moved later only leaves its head early.
--- +goose StatementBegin
-CREATE OR REPLACE FUNCTION orchestrator_queue_heads_after_update()
-RETURNS trigger
-LANGUAGE plpgsql
-SET search_path FROM CURRENT
-AS $fn$
-BEGIN
-    PERFORM orchestrator_queue_head_offer(NEW.instance_id, NEW.visible_at, NEW.id);
-    RETURN NULL;
-END;
-$fn$;
--- +goose StatementEnd
-
--- +goose StatementBegin
-CREATE OR REPLACE FUNCTION orchestrator_queue_heads_after_truncate()
-RETURNS trigger
-LANGUAGE plpgsql
-SET search_path FROM CURRENT
-AS $fn$
-BEGIN
-    DELETE FROM orchestrator_queue_heads;
-    RETURN NULL;
-END;
-$fn$;
--- +goose StatementEnd
-
--- Writers wait from here to the end of the migration's transaction, so the
--- heads built below miss nothing.
-LOCK TABLE orchestrator_queue IN SHARE ROW EXCLUSIVE MODE;
-
-DROP TRIGGER IF EXISTS orchestrator_queue_heads_after_insert ON orchestrator_queue;
-CREATE TRIGGER orchestrator_queue_heads_after_insert
-    AFTER INSERT ON orchestrator_queue
-    FOR EACH ROW EXECUTE FUNCTION orchestrator_queue_heads_after_insert();
-DROP TRIGGER IF EXISTS orchestrator_queue_heads_after_delete ON orchestrator_queue;
-CREATE TRIGGER orchestrator_queue_heads_after_delete
-    AFTER DELETE ON orchestrator_queue
-    FOR EACH ROW EXECUTE FUNCTION orchestrator_queue_heads_after_delete();
-DROP TRIGGER IF EXISTS orchestrator_queue_heads_after_update ON orchestrator_queue;
-CREATE TRIGGER orchestrator_queue_heads_after_update
-    AFTER UPDATE OF visible_at, instance_id, id ON orchestrator_queue
-    FOR EACH ROW
-    WHEN (NEW.visible_at < OLD.visible_at OR NEW.instance_id IS DISTINCT FROM OLD.instance_id OR NEW.id <> OLD.id)
-    EXECUTE FUNCTION orchestrator_queue_heads_after_update();
-DROP TRIGGER IF EXISTS orchestrator_queue_heads_after_truncate ON orchestrator_queue;
-CREATE TRIGGER orchestrator_queue_heads_after_truncate
-    AFTER TRUNCATE ON orchestrator_queue
-    FOR EACH STATEMENT EXECUTE FUNCTION orchestrator_queue_heads_after_truncate();
-
-DELETE FROM orchestrator_queue_heads;
-INSERT INTO orchestrator_queue_heads (instance_id, visible_at, id)
-SELECT DISTINCT ON (q.instance_id) q.instance_id, q.visible_at, q.id
-FROM orchestrator_queue q
-ORDER BY q.instance_id, q.visible_at, q.id;
-
--- +goose StatementBegin
+    RAISE NOTICE '0027: fetch_orchestration_item was %; installing the fix', v_definition;
 CREATE OR REPLACE FUNCTION fetch_orchestration_item(
     p_now_ms bigint,
     p_lock_timeout_ms bigint,
@@ -551,17 +383,200 @@ BEGIN
     -- Every candidate tried was contended: no row, the caller polls again.
 END;
 $fn$;
+END;
+$fix$;
 -- +goose StatementEnd
+
+-- +goose StatementBegin
+CREATE TABLE IF NOT EXISTS orchestrator_queue_heads (
+    instance_id text PRIMARY KEY,
+    visible_at timestamptz NOT NULL,
+    id bigint NOT NULL
+);
+-- +goose StatementEnd
+
+-- The head order the fetch scans; instance_id included so that the scan
+-- need not visit the table on a vacuumed page.
+-- +goose StatementBegin
+CREATE INDEX IF NOT EXISTS idx_orch_heads_order
+    ON orchestrator_queue_heads (visible_at, id) INCLUDE (instance_id);
+-- +goose StatementEnd
+
+-- One instance's oldest message in O(log n), whatever its backlog.
+-- +goose StatementBegin
+CREATE INDEX IF NOT EXISTS idx_orch_instance_head
+    ON orchestrator_queue (instance_id, visible_at, id);
+-- +goose StatementEnd
+
+-- Offer message (p_visible_at, p_id) of p_instance_id as its head: after
+-- it, the head is no later than the message, and no refresh can move it
+-- past the message before this transaction ends. The instance's head key
+-- in the two-key advisory space, class 2700 (0020's fetch uses the one-key
+-- space, 0025 class 1400), is held shared by every transaction that offers
+-- a message of the instance, and taken exclusively, never waited for, by a
+-- refresh.
+-- +goose StatementBegin
+CREATE OR REPLACE FUNCTION orchestrator_queue_head_offer(p_instance_id text, p_visible_at timestamptz, p_id bigint)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $fn$
+DECLARE
+    v_visible_at timestamptz;
+    v_id bigint;
+BEGIN
+    PERFORM pg_advisory_xact_lock_shared(2700, hashtext(p_instance_id));
+    -- A new statement: it sees whatever a refresh that held the key wrote.
+    SELECT h.visible_at, h.id INTO v_visible_at, v_id
+    FROM orchestrator_queue_heads h
+    WHERE h.instance_id = p_instance_id;
+    IF FOUND AND (v_visible_at, v_id) <= (p_visible_at, p_id) THEN
+        RETURN;  -- the common case: a message behind an existing head
+    END IF;
+    -- The instance's first message, or one older than its head.
+    INSERT INTO orchestrator_queue_heads AS h (instance_id, visible_at, id)
+    VALUES (p_instance_id, p_visible_at, p_id)
+    ON CONFLICT (instance_id) DO UPDATE
+       SET visible_at = EXCLUDED.visible_at, id = EXCLUDED.id
+     WHERE (h.visible_at, h.id) > (EXCLUDED.visible_at, EXCLUDED.id);
+END;
+$fn$;
+-- +goose StatementEnd
+
+-- Bring the head of p_instance_id up to date, unless a transaction that
+-- offered a message of the instance is still open (then the head stays
+-- early, which is safe): never waits.
+-- +goose StatementBegin
+CREATE OR REPLACE FUNCTION orchestrator_queue_head_refresh(p_instance_id text)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $fn$
+DECLARE
+    v_visible_at timestamptz;
+    v_id bigint;
+BEGIN
+    IF NOT pg_try_advisory_xact_lock(2700, hashtext(p_instance_id)) THEN
+        RETURN;
+    END IF;
+    -- A new statement, so a new snapshot: every offer of this instance that
+    -- can still commit has committed, and a new one waits for this
+    -- transaction.
+    SELECT q.visible_at, q.id INTO v_visible_at, v_id
+    FROM orchestrator_queue q
+    WHERE q.instance_id = p_instance_id
+    ORDER BY q.visible_at, q.id
+    LIMIT 1;
+    IF FOUND THEN
+        INSERT INTO orchestrator_queue_heads AS h (instance_id, visible_at, id)
+        VALUES (p_instance_id, v_visible_at, v_id)
+        ON CONFLICT (instance_id) DO UPDATE
+           SET visible_at = EXCLUDED.visible_at, id = EXCLUDED.id
+         WHERE (h.visible_at, h.id) IS DISTINCT FROM (EXCLUDED.visible_at, EXCLUDED.id);
+    ELSE
+        DELETE FROM orchestrator_queue_heads WHERE instance_id = p_instance_id;
+    END IF;
+END;
+$fn$;
+-- +goose StatementEnd
+
+-- +goose StatementBegin
+CREATE OR REPLACE FUNCTION orchestrator_queue_heads_after_insert()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $fn$
+BEGIN
+    PERFORM orchestrator_queue_head_offer(NEW.instance_id, NEW.visible_at, NEW.id);
+    RETURN NULL;
+END;
+$fn$;
+-- +goose StatementEnd
+
+-- +goose StatementBegin
+CREATE OR REPLACE FUNCTION orchestrator_queue_heads_after_delete()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $fn$
+BEGIN
+    PERFORM 1 FROM orchestrator_queue_heads h
+    WHERE h.instance_id = OLD.instance_id AND h.id = OLD.id;
+    IF FOUND THEN
+        PERFORM orchestrator_queue_head_refresh(OLD.instance_id);
+    END IF;
+    RETURN NULL;
+END;
+$fn$;
+-- +goose StatementEnd
+
+-- A message moved earlier (or to another instance) is offered again; one
+-- moved later only leaves its head early.
+-- +goose StatementBegin
+CREATE OR REPLACE FUNCTION orchestrator_queue_heads_after_update()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $fn$
+BEGIN
+    PERFORM orchestrator_queue_head_offer(NEW.instance_id, NEW.visible_at, NEW.id);
+    RETURN NULL;
+END;
+$fn$;
+-- +goose StatementEnd
+
+-- +goose StatementBegin
+CREATE OR REPLACE FUNCTION orchestrator_queue_heads_after_truncate()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $fn$
+BEGIN
+    DELETE FROM orchestrator_queue_heads;
+    RETURN NULL;
+END;
+$fn$;
+-- +goose StatementEnd
+
+-- Writers wait from here to the end of the migration's transaction, so the
+-- heads built below miss nothing.
+LOCK TABLE orchestrator_queue IN SHARE ROW EXCLUSIVE MODE;
+
+DROP TRIGGER IF EXISTS orchestrator_queue_heads_after_insert ON orchestrator_queue;
+CREATE TRIGGER orchestrator_queue_heads_after_insert
+    AFTER INSERT ON orchestrator_queue
+    FOR EACH ROW EXECUTE FUNCTION orchestrator_queue_heads_after_insert();
+DROP TRIGGER IF EXISTS orchestrator_queue_heads_after_delete ON orchestrator_queue;
+CREATE TRIGGER orchestrator_queue_heads_after_delete
+    AFTER DELETE ON orchestrator_queue
+    FOR EACH ROW EXECUTE FUNCTION orchestrator_queue_heads_after_delete();
+DROP TRIGGER IF EXISTS orchestrator_queue_heads_after_update ON orchestrator_queue;
+CREATE TRIGGER orchestrator_queue_heads_after_update
+    AFTER UPDATE OF visible_at, instance_id, id ON orchestrator_queue
+    FOR EACH ROW
+    WHEN (NEW.visible_at < OLD.visible_at OR NEW.instance_id IS DISTINCT FROM OLD.instance_id OR NEW.id <> OLD.id)
+    EXECUTE FUNCTION orchestrator_queue_heads_after_update();
+DROP TRIGGER IF EXISTS orchestrator_queue_heads_after_truncate ON orchestrator_queue;
+CREATE TRIGGER orchestrator_queue_heads_after_truncate
+    AFTER TRUNCATE ON orchestrator_queue
+    FOR EACH STATEMENT EXECUTE FUNCTION orchestrator_queue_heads_after_truncate();
+
+DELETE FROM orchestrator_queue_heads;
+INSERT INTO orchestrator_queue_heads (instance_id, visible_at, id)
+SELECT DISTINCT ON (q.instance_id) q.instance_id, q.visible_at, q.id
+FROM orchestrator_queue q
+ORDER BY q.instance_id, q.visible_at, q.id;
 
 -- +goose Down
 -- +goose StatementBegin
-DO $guard$
+DO $undo$
 DECLARE
     v_raw text;
     v_normalized text;
     v_definition text;
+    v_behaves_as integer;
 BEGIN
-    SELECT md5(p.prosrc), md5(replace(p.prosrc, n.nspname || '.', '@schema@.'))
+    SELECT md5(p.prosrc), md5(replace(replace(p.prosrc, n.nspname || '.', '@schema@.'), quote_literal(n.nspname), '''@schema@'''))
     INTO v_raw, v_normalized
     FROM pg_proc p
     JOIN pg_namespace n ON n.oid = p.pronamespace
@@ -576,12 +591,15 @@ BEGIN
     END IF;
 
     -- (function, fingerprint, definition, upstream behaviour, carries the fix)
-    SELECT k.definition INTO v_definition
+    SELECT k.definition, k.behaves_as INTO v_definition, v_behaves_as
     FROM (VALUES
         ('fetch_orchestration_item', '47b1420f427a8c6faea3d15593c06e41', 'upstream 19-23', 19, false),
         ('fetch_orchestration_item', '899345d84cfc6d76afbfa8601405c873', 'pack 0019', 19, false),
         ('fetch_orchestration_item', '40c5d3467a5676a1ec38502e190ae645', 'pack 0020 fix', 19, true),
-        ('fetch_orchestration_item', '10fbacba6a5c24f72547b794bce6755f', 'pack 0027 fix', 19, true)
+        ('fetch_orchestration_item', '10fbacba6a5c24f72547b794bce6755f', 'pack 0027 fix', 19, true),
+        ('fetch_orchestration_item', '378d41386c1abb6a0489168b0a090513', 'upstream candidate 0024, unreleased', 24, false),
+        ('fetch_orchestration_item', 'c8a9d1a08c323eac5c8038ce78a3ed66', 'upstream candidate 0024, port', 24, false),
+        ('fetch_orchestration_item', '818647aef75232168f54db3f9f6fdafd', 'upstream candidate 0024 + amendment 0025', 25, false)
     ) AS k(function_name, fingerprint, definition, behaves_as, fixed)
     WHERE k.fingerprint IN (v_raw, v_normalized);
     IF NOT FOUND THEN
@@ -589,13 +607,12 @@ BEGIN
             USING ERRCODE = '55000',
                   HINT = 'It was edited by hand or comes from a duroxide-pg release newer than this pack knows. `harness doctor` shows what is installed; compare it with upstream''s before going on.';
     END IF;
+    IF v_behaves_as >= 24 THEN
+        RAISE NOTICE '0027: fetch_orchestration_item is %, which does not carry this fix: left as it is', v_definition;
+        RETURN;
+    END IF;
     RAISE NOTICE '0027: fetch_orchestration_item was %; %', v_definition, 'restoring 0020''s fix';
-END;
-$guard$;
--- +goose StatementEnd
-
--- Restore 0020's fix, verbatim from 0020_fetch_lease_valid_at_return.sql.
--- +goose StatementBegin
+    -- Restore 0020's fix, verbatim from 0020_fetch_lease_valid_at_return.sql.
 CREATE OR REPLACE FUNCTION fetch_orchestration_item(
     p_now_ms bigint,
     p_lock_timeout_ms bigint,
@@ -820,6 +837,8 @@ BEGIN
     -- Every candidate tried was contended: no row, the caller polls again.
 END;
 $fn$;
+END;
+$undo$;
 -- +goose StatementEnd
 
 DROP TRIGGER IF EXISTS orchestrator_queue_heads_after_insert ON orchestrator_queue;

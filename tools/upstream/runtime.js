@@ -23,6 +23,8 @@
 const fs = require('fs');
 
 const addonPath = process.argv[2];
+// Written to stderr, on a line of its own, once the provider has connected.
+const CONNECTED = 'runtime.js: provider connected';
 const request = JSON.parse(fs.readFileSync(0, 'utf8'));
 const dx = require(addonPath);
 
@@ -372,6 +374,9 @@ async function main() {
   const started = Date.now();
   if (request.logFile) dx.initTracing({ logFile: request.logFile, logFormat: 'json' });
   const provider = await dx.JsPostgresProvider.connectWithSchema(request.dsn, request.schema);
+  // The caller may have set rows of _duroxide_migrations aside while the
+  // provider's runner checked them: they can go back now.
+  process.stderr.write(CONNECTED + '\n');
   const rt = dx.JsRuntime.fromPostgres(provider, Object.assign({ dispatcherPollIntervalMs: 10 }, request.runtime || {}));
   for (const name of Object.keys(orchestrations)) rt.registerOrchestration(name);
   for (const [name, fn] of Object.entries(activities)) registerActivity(rt, name, fn);

@@ -72,8 +72,13 @@ type Result struct {
 	// Recorded lists every version in _duroxide_migrations.
 	Recorded []int64
 	// State is the upstream version whose catalog and bodies were checked:
-	// the newest recorded version the pack knows.
+	// the newest recorded version the pack ports.
 	State int64
+	// Unreleased lists the recorded upstream versions that no release
+	// carries but the pack knows (upstream's candidate fix, and it with the
+	// amendment this project offers): each changes one function, whose
+	// text the body check then also accepts.
+	Unreleased []int64
 	// Baseline is the goose version recorded: every pack migration up to it
 	// is a port the database already has.
 	Baseline int64
@@ -164,10 +169,16 @@ func Run(ctx context.Context, db *sql.DB, opts Options) (*Result, error) {
 	res.Upstream = res.Recorded[len(res.Recorded)-1]
 	known := migrations.UpstreamVersions()
 	var unknown []int64
+	var unreleased []fingerprint.Unreleased
 	for _, v := range res.Recorded {
-		if slices.Contains(known, v) {
+		u, isUnreleased := fingerprint.UnreleasedAt(v)
+		switch {
+		case slices.Contains(known, v):
 			res.State = v
-		} else {
+		case isUnreleased && rows[v] == u.File:
+			unreleased = append(unreleased, u)
+			res.Unreleased = append(res.Unreleased, v)
+		default:
 			unknown = append(unknown, v)
 		}
 	}
@@ -194,6 +205,11 @@ func Run(ctx context.Context, db *sql.DB, opts Options) (*Result, error) {
 		}
 	}
 	say("_duroxide_migrations: duroxide-pg applied upstream versions %s", describeVersions(res.Recorded, known))
+	for _, u := range unreleased {
+		fn := fingerprint.NameOf(u.Function)
+		say("upstream %d (%s) is in no release, and the pack knows it: %s; its %s is checked below, and kept by the pack's fixes until %s replaces it with the pack's, which takes the same schema-scoped key",
+			u.Version, u.File, u.Note, fn, lastFixOf(fn))
+	}
 	if len(unknown) > 0 {
 		if err := vouch(fmt.Sprintf("_duroxide_migrations records upstream version(s) %s, which this pack does not know (a newer duroxide-pg?); checking the database as upstream %d",
 			joinVersions(unknown), res.State), ""); err != nil {
@@ -257,7 +273,7 @@ func Run(ctx context.Context, db *sql.DB, opts Options) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	if diff := unknownBodies(funcs, res.State); diff != "" {
+	if diff := unknownBodies(funcs, res.State, unreleased); diff != "" {
 		if err := vouch(fmt.Sprintf("schema %s has function bodies that are neither upstream's at version %d nor the pack's (edited by hand, or from a newer duroxide-pg; the pack's fixes refuse to replace a definition they do not know)",
 			opts.Schema, res.State), diff); err != nil {
 			return nil, err
@@ -307,6 +323,17 @@ func Run(ctx context.Context, db *sql.DB, opts Options) (*Result, error) {
 	return res, nil
 }
 
+// lastFixOf is the file of the newest fix migration of function name.
+func lastFixOf(name string) string {
+	last := ""
+	for _, m := range migrations.Fixes() {
+		if slices.Contains(m.Fixes, name) {
+			last = m.File
+		}
+	}
+	return last
+}
+
 // baselineFor is the goose version a database at upstream state has: the
 // newest pack version such that every pack migration up to it is a port of
 // an upstream version the database has. The pack's fixes come right after
@@ -324,8 +351,9 @@ func baselineFor(state int64) int64 {
 }
 
 // unknownBodies lists, one line each, the functions whose body is not a
-// definition the pack knows at upstream state.
-func unknownBodies(funcs map[string]fingerprint.Function, state int64) string {
+// definition the pack knows at upstream state, or one of the texts of an
+// unreleased upstream migration the database records.
+func unknownBodies(funcs map[string]fingerprint.Function, state int64, unreleased []fingerprint.Unreleased) string {
 	var b strings.Builder
 	ids := make([]string, 0, len(funcs))
 	for id := range funcs {
@@ -334,7 +362,7 @@ func unknownBodies(funcs map[string]fingerprint.Function, state int64) string {
 	slices.Sort(ids)
 	for _, id := range ids {
 		f := funcs[id]
-		if fingerprint.Allowed(f, state) {
+		if fingerprint.Allowed(f, state) || slices.ContainsFunc(unreleased, func(u fingerprint.Unreleased) bool { return u.Holds(f) }) {
 			continue
 		}
 		what := "a definition nobody knows"

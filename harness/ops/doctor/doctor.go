@@ -114,6 +114,9 @@ type FunctionCheck struct {
 	// Definition says which one it is: "pack 0021 fix, upstream 20
 	// behaviour", "upstream 19, 20, 21, 23", "pack, as upstream 19".
 	Definition string `json:"definition,omitempty"`
+	// Note says what an unreleased upstream definition (upstream's
+	// candidate fix) has and lacks.
+	Note string `json:"note,omitempty"`
 	// Fingerprint is the md5 of its source with the schema's name replaced
 	// by @schema@ (as harness/ops/fingerprint computes it).
 	Fingerprint string `json:"fingerprint,omitempty"`
@@ -290,6 +293,14 @@ func Functions(ctx context.Context, q Querier, schema string) ([]FunctionCheck, 
 	if err != nil {
 		return nil, err
 	}
+	added := map[string]bool{} // the functions the pack's own fixes add
+	for _, m := range migrations.Fixes() {
+		for _, a := range m.Adds {
+			if kind, name, _ := strings.Cut(a, " "); kind == "function" {
+				added[name] = true
+			}
+		}
+	}
 	var out []FunctionCheck
 	for _, m := range migrations.Fixes() {
 		for _, name := range m.Fixes {
@@ -300,12 +311,18 @@ func Functions(ctx context.Context, q Querier, schema string) ([]FunctionCheck, 
 					found = append(found, f)
 				}
 			}
+			if len(found) == 0 && added[name] {
+				continue // the fix that adds it is not applied: nothing to check
+			}
 			c.Definitions = len(found)
 			if len(found) == 1 {
 				c.Fingerprint = found[0].Normalized
 				c.Verdict = Unknown
 				if d, ok := fingerprint.Identify(found[0]); ok {
 					c.Definition = d.Label
+					if u, ok := fingerprint.UnreleasedAt(d.BehavesAs); ok {
+						c.Note = u.Note
+					}
 					c.Verdict = Unfixed
 					if fingerprint.FixedFrom(found[0], m.Version) {
 						c.Verdict = Fixed
@@ -346,6 +363,10 @@ func judge(f FunctionCheck, s string, r *Report, add func(sev, check, msg, actio
 		}
 		add(Critical, f.Name, msg, action)
 	case Unfixed:
+		what := f.Definition
+		if f.Note != "" {
+			what += " (" + f.Note + ")"
+		}
 		applied := r.GooseVersion != nil && *r.GooseVersion >= v
 		if applied {
 			// goose says the fix ran, yet the definition is upstream's:
@@ -354,14 +375,14 @@ func judge(f FunctionCheck, s string, r *Report, add func(sev, check, msg, actio
 			if *r.GooseVersion >= r.PackLatest {
 				action = fmt.Sprintf("re-apply the Up section of sql/%s in one transaction (it identifies the definition and installs the fix for it), then re-run doctor", f.FixedBy)
 			}
-			add(Warning, f.Name, fmt.Sprintf("%s: duroxide-pg's runner replaced the fix (goose records %s as applied)", f.Definition, f.FixedBy), action)
+			add(Warning, f.Name, fmt.Sprintf("%s: duroxide-pg's runner replaced the fix (goose records %s as applied)", what, f.FixedBy), action)
 			return
 		}
 		next := "run `" + up + "`"
 		if r.GooseVersion == nil {
 			next = fmt.Sprintf("run `harness baseline --schema %s` (try --dry-run first), then `%s`", s, up)
 		}
-		add(Warning, f.Name, fmt.Sprintf("%s, without the pack's fix (%s is not applied)", f.Definition, f.FixedBy), next)
+		add(Warning, f.Name, fmt.Sprintf("%s, without the pack's fix (%s is not applied)", what, f.FixedBy), next)
 	default:
 		add(Critical, f.Name, fmt.Sprintf("an unknown definition of %s (neither upstream's at any version nor the pack's), e.g. edited by hand or from a newer duroxide-pg", f.Name),
 			show+"; the pack's migrations refuse to replace it, so that nothing undoes a change they do not know: compare it with upstream's and the pack's texts and restore a known one")

@@ -23,18 +23,20 @@ import (
 
 // query computes, for every function of schema $1, its identity (name and
 // identity arguments, as upstream's fingerprint query prints them), the md5 of
-// its source, and the md5 of its source with every "<schema>." replaced by
-// "@schema@.". Upstream's texts qualify every table with their schema (the
-// pack's never name it), so this is the fingerprint of upstream's query,
-// except that it also holds for a schema named duroxide, whose name the
-// reference's plain replace also finds inside column names such as
-// duroxide_version_major.
+// its source, and the md5 of its source with the schema's name replaced by
+// @schema@ where it qualifies a table ("<schema>.") and where it is a string
+// literal ("'<schema>'", as in the key of upstream's candidate fix).
+// Upstream's texts name their schema in those two ways only (the pack's
+// never do), so this is the fingerprint of upstream's query, which replaces
+// every occurrence of the name, except that it also holds for a schema named
+// duroxide, whose name the reference's plain replace also finds inside
+// column names such as duroxide_version_major.
 const query = `
 SELECT coalesce(jsonb_agg(jsonb_build_object(
          'name', p.proname,
          'identity', p.proname || '(' || pg_get_function_identity_arguments(p.oid) || ')',
          'raw', md5(p.prosrc),
-         'normalized', md5(replace(p.prosrc, n.nspname || '.', '@schema@.')))
+         'normalized', md5(replace(replace(p.prosrc, n.nspname || '.', '@schema@.'), quote_literal(n.nspname), '''@schema@''')))
        ORDER BY p.proname, pg_get_function_identity_arguments(p.oid)), '[]')::text
 FROM pg_proc p
 JOIN pg_namespace n ON n.oid = p.pronamespace
@@ -91,6 +93,65 @@ func Upstream(version int64) (map[string]string, error) {
 		return nil, fmt.Errorf("upstream fingerprints v%04d: %w", version, err)
 	}
 	return out, nil
+}
+
+// Unreleased is an upstream migration no release carries yet that the pack
+// knows (upstream/unreleased.json): upstream's candidate fix of its issue
+// #21, and that candidate with the amendment this project offers upstream.
+// Each changes one function; a database that duroxide-pg's runner gave it
+// records (Version, File) in _duroxide_migrations.
+type Unreleased struct {
+	Version int64  `json:"version"`
+	File    string `json:"file"`
+	// Source says where the migration comes from.
+	Source string `json:"source"`
+	// Note says, for people, what a database holding it has and lacks.
+	Note string `json:"note"`
+	// Function is the identity of the function it changes.
+	Function string `json:"function"`
+	// Fingerprints are the function's known texts, by whose they are:
+	// "upstream" (upstream's own), "port" (the port the pack's tests use),
+	// "ours" (this project's).
+	Fingerprints map[string]string `json:"fingerprints"`
+}
+
+// Holds reports whether f is the function this migration defines, with one
+// of its known texts.
+func (u Unreleased) Holds(f Function) bool {
+	if f.Identity != u.Function {
+		return false
+	}
+	for _, fp := range u.Fingerprints {
+		if f.Matches(fp) {
+			return true
+		}
+	}
+	return false
+}
+
+// UnreleasedMigrations lists the unreleased upstream migrations the pack
+// knows, by version.
+func UnreleasedMigrations() []Unreleased {
+	raw, err := upstreamFS.ReadFile("upstream/unreleased.json")
+	if err != nil {
+		panic("fingerprint: the embedded upstream/unreleased.json: " + err.Error())
+	}
+	var out []Unreleased
+	if err := json.Unmarshal(raw, &out); err != nil {
+		panic("fingerprint: upstream/unreleased.json: " + err.Error())
+	}
+	slices.SortFunc(out, func(a, b Unreleased) int { return int(a.Version - b.Version) })
+	return out
+}
+
+// UnreleasedAt returns the unreleased migration of upstream version v.
+func UnreleasedAt(v int64) (Unreleased, bool) {
+	for _, u := range UnreleasedMigrations() {
+		if u.Version == v {
+			return u, true
+		}
+	}
+	return Unreleased{}, false
 }
 
 // UpstreamVersions lists the upstream versions with fingerprints, ascending.

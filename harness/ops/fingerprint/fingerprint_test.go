@@ -1,6 +1,8 @@
 package fingerprint_test
 
 import (
+	"maps"
+	"slices"
 	"strings"
 	"testing"
 
@@ -14,7 +16,13 @@ import (
 func TestGuardRowsAreWhatTheySay(t *testing.T) {
 	for _, m := range migrations.Fixes() {
 		for _, k := range m.Known {
+			u, unreleased := fingerprint.UnreleasedAt(k.BehavesAs)
 			switch {
+			case unreleased:
+				if !slices.Contains(slices.Collect(maps.Values(u.Fingerprints)), k.Fingerprint) || k.Fixed ||
+					fingerprint.NameOf(u.Function) != k.Function {
+					t.Errorf("%s: %s %s is labelled %q (upstream %d, unreleased), but it is not one of that migration's texts %v", m.File, k.Function, k.Fingerprint, k.Definition, k.BehavesAs, u.Fingerprints)
+				}
 			case strings.HasPrefix(k.Definition, "upstream "):
 				fps, err := fingerprint.Upstream(k.BehavesAs)
 				if err != nil {
@@ -27,8 +35,8 @@ func TestGuardRowsAreWhatTheySay(t *testing.T) {
 					t.Errorf("%s: upstream's %s cannot carry the pack's fix", m.File, k.Function)
 				}
 			case k.Fixed:
-				if !definedBy(m, k) {
-					t.Errorf("%s: %s %s is labelled a fix, but no body of %s has it", m.File, k.Function, k.Fingerprint, m.File)
+				if !fixedUpTo(m.Version, k) {
+					t.Errorf("%s: %s %s is labelled a fix, but no body of a pack fix up to %s has it", m.File, k.Function, k.Fingerprint, m.File)
 				}
 			default:
 				if fingerprint.PackTexts(k.BehavesAs)[k.Function] != k.Fingerprint && !anyPackBody(k) {
@@ -40,7 +48,8 @@ func TestGuardRowsAreWhatTheySay(t *testing.T) {
 }
 
 // A fix must know upstream's definition of the function at every upstream
-// version from its first port on, or it would refuse a production database.
+// version from its first port on, and every unreleased upstream text of it
+// the pack knows, or it would refuse a production database.
 func TestEveryFixKnowsUpstreamsDefinitionAtEveryVersionFrom19(t *testing.T) {
 	for _, m := range migrations.Fixes() {
 		for _, fn := range m.Fixes {
@@ -58,6 +67,16 @@ func TestEveryFixKnowsUpstreamsDefinitionAtEveryVersionFrom19(t *testing.T) {
 						if _, ok := known[fp]; !ok {
 							t.Errorf("%s does not know upstream %d's %s (%s)", m.File, v, fn, fp)
 						}
+					}
+				}
+			}
+			for _, u := range fingerprint.UnreleasedMigrations() {
+				if fingerprint.NameOf(u.Function) != fn {
+					continue
+				}
+				for whose, fp := range u.Fingerprints {
+					if d, ok := known[fp]; !ok || d.BehavesAs != u.Version {
+						t.Errorf("%s does not know unreleased upstream %d's %s (%s's text, %s) as behaving like %d: %+v", m.File, u.Version, fn, whose, fp, u.Version, d)
 					}
 				}
 			}
@@ -101,6 +120,17 @@ func hasFingerprint(fps map[string]string, fn, fp string) bool {
 func definedBy(m migrations.Migration, k migrations.Known) bool {
 	for _, d := range m.Definitions {
 		if d.Function == k.Function && d.Fingerprint() == k.Fingerprint {
+			return true
+		}
+	}
+	return false
+}
+
+// fixedUpTo reports whether a fix migration up to goose version v has the
+// body k names (a later fix knows the earlier fixes it builds on).
+func fixedUpTo(v int64, k migrations.Known) bool {
+	for _, m := range migrations.Fixes() {
+		if m.Version <= v && definedBy(m, k) {
 			return true
 		}
 	}

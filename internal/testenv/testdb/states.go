@@ -59,6 +59,39 @@ func (p *Pool) RealProvider(t testing.TB) *Database {
 	})
 }
 
+// UpstreamCandidate is a database made by the real duroxide-pg provider
+// that then got upstream's candidate fix of its issue #21, port
+// (upstream.ApplyCandidate), the way upstream's runner applies a
+// migration: what a duroxide-pg release carrying that fix would leave, its
+// row (24) in _duroxide_migrations included.
+func (p *Pool) UpstreamCandidate(t testing.TB) *Database {
+	t.Helper()
+	provider := upstream.Require(t)
+	return p.NewState(t, "real-provider-candidate", 0, func(ctx context.Context, db *Database) error {
+		if err := provider.Migrate(ctx, db.Source, db.Schema); err != nil {
+			return err
+		}
+		return upstream.ApplyCandidate(ctx, db.Source, db.Schema)
+	})
+}
+
+// UpstreamAmended is UpstreamCandidate with the amendment this project
+// offers upstream (upstream/migrations at the repository's root) applied
+// on top, as upstream's runner would apply it.
+func (p *Pool) UpstreamAmended(t testing.TB) *Database {
+	t.Helper()
+	provider := upstream.Require(t)
+	return p.NewState(t, "real-provider-candidate-amended", 0, func(ctx context.Context, db *Database) error {
+		if err := provider.Migrate(ctx, db.Source, db.Schema); err != nil {
+			return err
+		}
+		if err := upstream.ApplyCandidate(ctx, db.Source, db.Schema); err != nil {
+			return err
+		}
+		return upstream.ApplyAmendment(ctx, db.Source, db.Schema)
+	})
+}
+
 // PackThenProvider is a database the pack built at version v and the real
 // duroxide-pg provider then opened: its runner applies the upstream
 // versions the pack had not recorded.

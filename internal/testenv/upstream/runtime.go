@@ -131,6 +131,11 @@ type RuntimeResult struct {
 	Final   map[string]any     `json:"final,omitempty"`
 	// Logs are the runtime's WARN and ERROR lines, in order.
 	Logs []LogLine `json:"-"`
+	// SetAside lists the versions of _duroxide_migrations (above
+	// AddonNewest: upstream's candidate fix) taken out while the provider
+	// connected and put back once it had: the addon refuses a schema that
+	// records a version it does not know.
+	SetAside []int64 `json:"-"`
 }
 
 // Tally counts the WARN and ERROR lines by kind.
@@ -182,7 +187,9 @@ func (p *Provider) driver() (string, error) {
 // migration the schema does not record: none on a schema the pack took to
 // its latest version), the runtime starts with run.Runtime, the client
 // runs every scenario at once, and the runtime shuts down. dsn is handed
-// to the driver on its stdin, not its command line.
+// to the driver on its stdin, not its command line. Rows of versions the
+// addon does not know (upstream's candidate fix) are set aside while the
+// provider connects (RuntimeResult.SetAside).
 func (p *Provider) RunRuntime(ctx context.Context, src *dbconn.Source, run Run) (*RuntimeResult, error) {
 	driver, err := p.driver()
 	if err != nil {
@@ -215,10 +222,31 @@ func (p *Provider) RunRuntime(ctx context.Context, src *dbconn.Source, run Run) 
 	defer cancel()
 	cmd := exec.CommandContext(ctx, p.node, driver, p.addon)
 	cmd.Stdin = bytes.NewReader(req)
-	var stdout, stderr bytes.Buffer
+	var stdout bytes.Buffer
+	stderr := newConnectedWriter()
 	cmd.Stdout = &stdout
-	cmd.Stderr = &stderr
-	runErr := cmd.Run()
+	cmd.Stderr = stderr
+	held, err := setAside(ctx, src, run.Schema)
+	if err != nil {
+		return nil, err
+	}
+	runErr := cmd.Start()
+	exited := make(chan struct{})
+	if runErr == nil {
+		go func() { runErr = cmd.Wait(); close(exited) }()
+	} else {
+		close(exited)
+	}
+	var setAsideVersions []int64
+	if held != nil {
+		setAsideVersions = held.Version
+		stderr.waitConnected(exited, 2*time.Minute)
+		if err := held.restore(ctx); err != nil {
+			<-exited
+			return nil, err
+		}
+	}
+	<-exited
 	logs, logErr := readLog(logFile)
 	var res RuntimeResult
 	var fatal struct {
@@ -239,6 +267,7 @@ func (p *Provider) RunRuntime(ctx context.Context, src *dbconn.Source, run Run) 
 		return nil, fmt.Errorf("duroxide runtime (%s) on schema %s: reading its log: %w", AddonPackage, run.Schema, logErr)
 	}
 	res.Logs = logs
+	res.SetAside = setAsideVersions
 	return &res, nil
 }
 
