@@ -83,7 +83,9 @@ func TestBadInputExitsWithCode2AndOneLine(t *testing.T) {
 		{"unknown flag", []string{"migrate", "up", "--frob"}, "flag provided but not defined"},
 		{"unknown environment", []string{"migrate", "up", "--env", "nowhere"}, "no environment"},
 		{"unknown repro", []string{"repro", "sideways"}, "unknown repro"},
-		{"repro version beyond the pack", []string{"repro", "minimal", "--dsn", dsn, "--versions", fmt.Sprintf("19,%d", migrations.Latest()+1)}, fmt.Sprintf("between 1 and %d", migrations.Latest())},
+		{"repro side that does not exist", []string{"repro", "minimal", "--dsn", dsn, "--sides", "upstream,pack,sideways"}, "--sides"},
+		{"repro without upstream's side", []string{"repro", "minimal", "--dsn", dsn, "--sides", "candidate,pack"}, "give both"},
+		{"repro side twice", []string{"repro", "runtime", "--dsn", dsn, "--sides", "upstream,pack,pack"}, "at most once"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

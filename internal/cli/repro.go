@@ -51,14 +51,18 @@ func setupRepro(ctx context.Context, env *env, dsn string, versions []int64) (*r
 		}
 		s.schemas[v] = schema
 	}
-	fmt.Fprintf(env.Stderr, "harness: %s database, schemas %v\n", srv.Backend(), s.schemas)
+	if len(s.schemas) > 0 {
+		fmt.Fprintf(env.Stderr, "harness: %s database, schemas %v\n", srv.Backend(), s.schemas)
+	} else {
+		fmt.Fprintf(env.Stderr, "harness: %s database %s\n", srv.Backend(), name)
+	}
 	return s, nil
 }
 
 func (s *reproSetup) close() { _ = s.srv.Close(context.Background()) }
 
 // reproUsage is the repro command's synopsis.
-const reproUsage = "usage: harness repro [minimal|organic|worker-minimal|worker|runtime|all] [--versions BUG,FIX] [--worker-versions BUG,FIX] [--json FILE] [--report DIR] [--dsn DSN]"
+const reproUsage = "usage: harness repro [minimal|organic|worker-minimal|worker|runtime|all] [--sides upstream,candidate,pack] [--worker-versions BUG,FIX] [--json FILE] [--report DIR] [--dsn DSN]"
 
 // reproKinds are the repros, in the order `all` runs them.
 func reproKinds() []string { return repro.Kinds() }
@@ -66,9 +70,8 @@ func reproKinds() []string { return repro.Kinds() }
 func runRepro(ctx context.Context, env *env, args []string) error {
 	fs := newFlags(env, "repro")
 	dsn := fs.String("dsn", "", "use this existing server (a database is created and dropped) instead of a throwaway one")
-	bug, fix := repro.Versions()
-	pair := fmt.Sprintf("%d,%d", bug, fix)
-	versionsFlag := fs.String("versions", pair, "schema versions to compare: the buggy one, then the fixed one")
+	sidesFlag := fs.String("sides", strings.Join(repro.Sides(), ","), fmt.Sprintf("minimal, organic, runtime: the schemas to compare, among %s (upstream's latest as its runner makes it; upstream's candidate fix, port; the pack's latest; the candidate with the amendment offered upstream); upstream and pack are required",
+		strings.Join([]string{repro.SideUpstream, repro.SideCandidate, repro.SidePack, repro.SideAmended}, ", ")))
 	jsonFile := fs.String("json", "", "write the figures as JSON to this file")
 	reportDir := fs.String("report", "", "write a Markdown report (with a histogram of remaining lease) into this directory")
 	def := repro.OrganicDefaults()
@@ -115,15 +118,17 @@ func runRepro(ctx context.Context, env *env, args []string) error {
 	if err := runtimeCfg.Validate(); err != nil {
 		return usagef("%v", err)
 	}
-	var provider *upstream.Provider
-	if runs["runtime"] {
-		if provider, err = upstream.Find(); err != nil {
-			return fmt.Errorf("runtime repro: %w", err)
-		}
-	}
-	versions, err := parseVersions(*versionsFlag)
+	sides, err := parseSides(*sidesFlag)
 	if err != nil {
 		return err
+	}
+	var provider *upstream.Provider
+	if runs["minimal"] || runs["organic"] || runs["runtime"] {
+		// Upstream's side, and its candidate's, are made by the real
+		// provider.
+		if provider, err = upstream.Find(); err != nil {
+			return fmt.Errorf("repro: %w", err)
+		}
 	}
 	workerVersions, err := parseVersions(*workerVersionsFlag)
 	if err != nil {
@@ -152,22 +157,12 @@ func runRepro(ctx context.Context, env *env, args []string) error {
 	if *bouncer != "" && !slices.Contains(pgtest.PoolModes(), *bouncer) {
 		return usagef("--pgbouncer %q: use a pool mode, one of %s", *bouncer, strings.Join(pgtest.PoolModes(), ", "))
 	}
-	if runs["organic"] && (versions[0] != int64(bug) || versions[1] != int64(fix)) {
-		return usagef("the organic repro compares versions %d and %d only; drop --versions or use `repro minimal`", bug, fix)
-	}
 
-	// Schemas duroxide_vN for the minimal repros; organic and worker
-	// migrate their own.
+	// Schemas duroxide_vN for the worker's minimal repro; the others make
+	// their own.
 	var setupVersions []int64
-	if runs["minimal"] || runs["organic"] {
-		setupVersions = append(setupVersions, versions...)
-	}
 	if runs["worker-minimal"] {
-		for _, v := range workerVersions {
-			if !slices.Contains(setupVersions, v) {
-				setupVersions = append(setupVersions, v)
-			}
-		}
+		setupVersions = workerVersions
 	}
 	setup, err := setupRepro(ctx, env, *dsn, setupVersions)
 	if err != nil {
@@ -182,12 +177,16 @@ func runRepro(ctx context.Context, env *env, args []string) error {
 		run  func() (verdict bool, err error)
 	}{
 		{"minimal", func() (bool, error) {
-			res, err := repro.RunMinimal(ctx, setup.db, setup.schemas, versions)
+			made, err := repro.MakeSides(ctx, setup.db, provider, "minimal", sides)
+			if err != nil {
+				return false, fmt.Errorf("minimal repro: %w", err)
+			}
+			res, err := repro.RunMinimal(ctx, setup.db, made)
 			report.Minimal = res
 			return repro.MinimalVerdict(res), printed(err, func() error { return repro.PrintMinimal(env.Stdout, res) })
 		}},
 		{"organic", func() (bool, error) {
-			res, err := runOrganic(ctx, setup, organicCfg, *bouncer, env, progress)
+			res, err := runOrganic(ctx, setup, provider, organicCfg, sides, *bouncer, env, progress)
 			report.Organic = &res
 			return res.Verdict.OK, printed(err, func() error { return repro.PrintOrganic(env.Stdout, res) })
 		}},
@@ -202,7 +201,7 @@ func runRepro(ctx context.Context, env *env, args []string) error {
 			return res.Verdict.OK, printed(err, func() error { return repro.PrintWorker(env.Stdout, res) })
 		}},
 		{"runtime", func() (bool, error) {
-			res, err := repro.RuntimeRepro(ctx, setup.db, provider, runtimeCfg, progress)
+			res, err := repro.RuntimeRepro(ctx, setup.db, provider, runtimeCfg, sides, progress)
 			report.Runtime = &res
 			return res.OK(), printed(err, func() error { return repro.PrintRuntime(env.Stdout, res) })
 		}},
@@ -250,7 +249,7 @@ func printed(err error, print func() error) error {
 
 // runOrganic runs the organic repro in the repro database, its dispatchers
 // connecting through a PgBouncer in bouncerMode when that is not empty.
-func runOrganic(ctx context.Context, setup *reproSetup, cfg repro.OrganicConfig, bouncerMode string, env *env, progress func(string)) (repro.OrganicResult, error) {
+func runOrganic(ctx context.Context, setup *reproSetup, p *upstream.Provider, cfg repro.OrganicConfig, sides []string, bouncerMode string, env *env, progress func(string)) (repro.OrganicResult, error) {
 	if bouncerMode != "" {
 		b, err := pgtest.StartPgBouncer(ctx, setup.srv, bouncerMode)
 		if err != nil {
@@ -264,7 +263,25 @@ func runOrganic(ctx context.Context, setup *reproSetup, cfg repro.OrganicConfig,
 		cfg.Via = via
 		fmt.Fprintf(env.Stderr, "harness: the dispatchers connect through pgbouncer (%s pooling)\n", bouncerMode)
 	}
-	return repro.OrganicRepro(ctx, setup.db, cfg, progress)
+	return repro.OrganicRepro(ctx, setup.db, p, cfg, sides, progress)
+}
+
+// parseSides reads --sides: known keys, each once, upstream's and the
+// pack's among them.
+func parseSides(s string) ([]string, error) {
+	known := []string{repro.SideUpstream, repro.SideCandidate, repro.SidePack, repro.SideAmended}
+	var out []string
+	for _, f := range strings.Split(s, ",") {
+		f = strings.TrimSpace(f)
+		if !slices.Contains(known, f) || slices.Contains(out, f) {
+			return nil, usagef("--sides %q: give each of %s at most once", s, strings.Join(known, ", "))
+		}
+		out = append(out, f)
+	}
+	if !slices.Contains(out, repro.SideUpstream) || !slices.Contains(out, repro.SidePack) {
+		return nil, usagef("--sides %q: the verdicts compare upstream's side with the pack's; give both", s)
+	}
+	return out, nil
 }
 
 func parseVersions(s string) ([]int64, error) {
@@ -272,12 +289,12 @@ func parseVersions(s string) ([]int64, error) {
 	for _, f := range strings.Split(s, ",") {
 		v, err := strconv.ParseInt(strings.TrimSpace(f), 10, 64)
 		if err != nil || v < 1 || v > migrations.Latest() {
-			return nil, usagef("--versions %q: give two schema versions between 1 and %d (the pack's latest)", s, migrations.Latest())
+			return nil, usagef("--worker-versions %q: give two schema versions between 1 and %d (the pack's latest)", s, migrations.Latest())
 		}
 		out = append(out, v)
 	}
 	if len(out) != 2 {
-		return nil, usagef("--versions %q: give exactly two versions, the buggy one then the fixed one", s)
+		return nil, usagef("--worker-versions %q: give exactly two versions, the buggy one then the fixed one", s)
 	}
 	return out, nil
 }

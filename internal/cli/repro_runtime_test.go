@@ -24,8 +24,10 @@ func TestRuntimeReproUsageErrors(t *testing.T) {
 }
 
 // TestRuntimeReproShowsTheSymptomOnUpstreamOnly runs `harness repro
-// runtime` with the real runtime, two holds of 6 s: the runtime's turns
-// are refused on the real provider's schema, not on the pack's.
+// runtime` with the real runtime, two holds of 6 s, on the three sides:
+// the runtime's turns are refused on the real provider's schema, not on
+// the pack's, and upstream's candidate, which only tries its
+// (schema-scoped) key, completes once it is free.
 func TestRuntimeReproShowsTheSymptomOnUpstreamOnly(t *testing.T) {
 	upstream.Require(t)
 	srv := startServer(t)
@@ -41,9 +43,17 @@ func TestRuntimeReproShowsTheSymptomOnUpstreamOnly(t *testing.T) {
 	}
 	require.NoError(t, json.Unmarshal(raw, &report))
 	r := report.Runtime
-	require.GreaterOrEqual(t, r.Upstream.RefusedTurns, 2, "a refused turn per hold on upstream")
-	require.Equal(t, []int64{0, 1}, []int64{r.Upstream.Holds[0].AttemptCount, r.Upstream.Holds[1].AttemptCount}, "attempt_count climbs by one a hold")
-	require.Zero(t, r.Pack.LeaseLines)
-	require.Equal(t, "Completed", r.Pack.Status)
-	require.Equal(t, 1, r.Pack.CompletedAfterHold)
+	up, ok := r.Side(repro.SideUpstream)
+	require.True(t, ok)
+	require.Equal(t, "hashtext(instance_id)", up.HeldKey)
+	require.GreaterOrEqual(t, up.RefusedTurns, 2, "a refused turn per hold on upstream")
+	require.Equal(t, []int64{0, 1}, []int64{up.Holds[0].AttemptCount, up.Holds[1].AttemptCount}, "attempt_count climbs by one a hold")
+	for _, key := range []string{repro.SideCandidate, repro.SidePack} {
+		s, ok := r.Side(key)
+		require.True(t, ok, key)
+		require.Contains(t, s.HeldKey, "'<schema>' || '.'", "%s: the key its fetch takes is held", key)
+		require.Zero(t, s.LeaseLines, key)
+		require.Equal(t, "Completed", s.Status, key)
+		require.Equal(t, 1, s.CompletedAfterHold, key)
+	}
 }

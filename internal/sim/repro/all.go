@@ -7,21 +7,33 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/duroxide-pg/migrations/internal/dbconn"
+	"github.com/duroxide-pg/migrations/internal/testenv/upstream"
 )
 
 // Kinds are the repros, in the order `harness repro all` runs them and
 // their report shows them.
 func Kinds() []string { return []string{"minimal", "organic", "worker-minimal", "worker", "runtime"} }
 
-// OrganicRepro prepares the organic scenario's schemas in the database of
-// src (prepareOrganic) and runs it (RunOrganic).
-func OrganicRepro(ctx context.Context, src *dbconn.Source, cfg OrganicConfig, progress func(string)) (OrganicResult, error) {
-	return prepareAndRun(ctx, src, "organic repro", prepareOrganic, func(schemas map[int]string) (OrganicResult, error) {
-		return RunOrganic(ctx, src, schemas, cfg, progress)
-	})
+// OrganicRepro makes the organic scenario's sides in the database of src
+// (MakeSides, prefix organic; upstream's and the pack's must be among
+// them) and runs it (RunOrganic).
+func OrganicRepro(ctx context.Context, src *dbconn.Source, p *upstream.Provider, cfg OrganicConfig, sides []string, progress func(string)) (OrganicResult, error) {
+	if !slices.Contains(sides, SideUpstream) || !slices.Contains(sides, SidePack) {
+		return OrganicResult{}, fmt.Errorf("organic repro: the verdict compares upstream's side and the pack's; sides %v", sides)
+	}
+	made, err := MakeSides(ctx, src, p, "organic", sides)
+	if err != nil {
+		return OrganicResult{}, fmt.Errorf("organic repro: %w", err)
+	}
+	res, err := RunOrganic(ctx, src, made, cfg, progress)
+	if err != nil {
+		return res, fmt.Errorf("organic repro: %w", err)
+	}
+	return res, nil
 }
 
 // WorkerRepro prepares the worker scenario's schemas in the database of
@@ -114,7 +126,7 @@ func (r Report) write(dir string) error {
 		if err := WriteReport(dir, *r.Organic); err != nil {
 			return err
 		}
-	} else if err := os.WriteFile(path, []byte("# duroxide-pg fetch_orchestration_item: the repro\n\n"), 0o644); err != nil {
+	} else if err := os.WriteFile(path, []byte(reportTitle), 0o644); err != nil {
 		return err
 	}
 	var sections []string

@@ -1,10 +1,13 @@
 // Package repro shows the bugs the pack fixes and their absence after the
-// fixes, on the schema versions just before and with each fix (Versions,
-// WorkerVersions: read from sql/): the lease defect of
+// fixes. The orchestration repros compare sides (Side): upstream's latest
+// as its own runner makes it, upstream's candidate fix of its issue #21
+// (our port), and the pack's latest: the lease defect of
 // fetch_orchestration_item with the minimal, deterministic repro (a stale
-// caller timestamp) and the organic one (many dispatchers), and the worker
-// queue's with the worker minimal repro and the worker scenario. Each
-// comes with its verdict, its tables and its report sections.
+// caller timestamp), the organic one (many dispatchers) and the real
+// runtime (a held key, a pool wait). The worker queue's repros compare the
+// pack's versions just before and with its worker fixes (WorkerVersions:
+// read from sql/). Each comes with its verdict, its tables and its report
+// sections.
 package repro
 
 import (
@@ -12,6 +15,7 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"text/tabwriter"
 	"time"
 
 	"github.com/duroxide-pg/migrations/internal/dbconn"
@@ -44,8 +48,13 @@ func (c *MinimalConfig) defaults() {
 // and a current p_now_ms: the minimal repros' first scenario, for the
 // orchestration queue (Minimal) and the worker queue (WorkerMinimal).
 type StaleFetch struct {
-	Schema        string `json:"schema"`
-	Version       int64  `json:"version"`
+	Schema string `json:"schema"`
+	// Version is the pack's version of the schema (0 for a side upstream's
+	// runner made).
+	Version int64 `json:"version,omitempty"`
+	// Side and Made say which side of a comparison of sides it is.
+	Side          string `json:"side,omitempty"`
+	Made          string `json:"made,omitempty"`
 	StaleMs       int64  `json:"stale_ms"`
 	LockTimeoutMs int64  `json:"lock_timeout_ms"`
 	// Fetched is false when fetch returned no row (which is itself a
@@ -140,17 +149,24 @@ func Minimal(ctx context.Context, q orch.Querier, schema string, version int64, 
 	return res, nil
 }
 
-// RunMinimal runs Minimal at each of versions, on schemas[v] in the
-// database of src, over one connection, with the runtime's version filter.
-func RunMinimal(ctx context.Context, src *dbconn.Source, schemas map[int64]string, versions []int64) ([]MinimalResult, error) {
+// RunMinimal runs Minimal on each side's schema, in the database of src,
+// over one connection, with the runtime's version filter.
+func RunMinimal(ctx context.Context, src *dbconn.Source, sides []Side) ([]MinimalResult, error) {
 	conn, err := src.Connect(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("minimal repro: %w", err)
 	}
 	defer conn.Close(context.Background())
-	return atEach(versions, "minimal repro", func(v int64) (MinimalResult, error) {
-		return Minimal(ctx, conn, schemas[v], v, MinimalConfig{Filter: orch.RuntimeFilter()})
-	})
+	var out []MinimalResult
+	for _, side := range sides {
+		r, err := Minimal(ctx, conn, side.Schema, 0, MinimalConfig{Filter: orch.RuntimeFilter()})
+		if err != nil {
+			return nil, fmt.Errorf("minimal repro on %s (%s): %w", side.Key, side.Schema, err)
+		}
+		r.Side, r.Made = side.Key, side.Made
+		out = append(out, r)
+	}
+	return out, nil
 }
 
 // atEach runs run at each version, in order, and collects the results;
@@ -167,29 +183,77 @@ func atEach[R any](versions []int64, what string, run func(v int64) (R, error)) 
 	return out, nil
 }
 
-// MinimalVerdict holds when the first result shows the bug and the second
-// the fix.
-func MinimalVerdict(results []MinimalResult) bool { return pairVerdict(results) }
+// minimalExpectsFix reports whether the minimal repro expects a side to
+// hand out a full lease: the pack's, and upstream's candidate with the
+// amendment offered upstream. Upstream's latest and its candidate fix as it
+// stands compute the lease from the caller's timestamp (the candidate adds
+// only the time spent inside the call), so a stale one is their bug.
+func minimalExpectsFix(side string) bool { return side == SidePack || side == SideAmended }
+
+// MinimalVerdict holds when upstream's side and the pack's both ran, and
+// every side shows what it should: the bug where the lease comes from the
+// caller's timestamp (upstream, its candidate), the fix where it does not.
+func MinimalVerdict(results []MinimalResult) bool {
+	var up, pack bool
+	for _, r := range results {
+		up = up || r.Side == SideUpstream
+		pack = pack || r.Side == SidePack
+		if minimalExpectsFix(r.Side) != r.Fixed() || !minimalExpectsFix(r.Side) && !r.Bug() {
+			return false
+		}
+	}
+	return up && pack
+}
 
 // minimalRows are the minimal repro's side-by-side rows: a header, then
-// label and one cell per version.
+// label and one cell per side.
 func minimalRows(results []MinimalResult) [][]string {
-	return append([][]string{versionHeader(results)}, rowsOf(results, []rowDef[MinimalResult]{
+	header := []string{""}
+	for _, r := range results {
+		header = append(header, r.Side)
+	}
+	return append([][]string{header}, rowsOf(results, []rowDef[MinimalResult]{
+		{"schema", func(r MinimalResult) string { return r.Schema }},
 		{"row returned", func(r MinimalResult) string { return fmt.Sprint(r.Fetched) }},
 		{"remaining lease at return (ms, db clock)", func(r MinimalResult) string { return fmt.Sprintf("%+d", r.RemainingMs) }},
 		{"ack with the returned token", func(r MinimalResult) string { return r.ack(r.AckError) }},
 	})...)
 }
 
+// minimalVerdictLine says, side by side, what each side showed.
+func minimalVerdictLine(results []MinimalResult) string {
+	var parts []string
+	for _, r := range results {
+		got := choose(r.Bug(), "shows the bug", "does NOT show the bug")
+		if minimalExpectsFix(r.Side) {
+			got = choose(r.Fixed(), "is fixed", "is NOT fixed")
+		}
+		parts = append(parts, r.Side+" "+got)
+	}
+	return strings.Join(parts, "; ")
+}
+
 // PrintMinimal writes the minimal repro's results side by side, with its
-// settings and its verdict.
+// settings, what made each side, and its verdict.
 func PrintMinimal(w io.Writer, results []MinimalResult) error {
 	if len(results) == 0 {
 		return nil
 	}
 	fmt.Fprintf(w, "minimal repro: fetch with p_now_ms %d ms stale, lock timeout %d ms, runtime version filter\n\n",
 		results[0].StaleMs, results[0].LockTimeoutMs)
-	return printPair(w, results, minimalRows(results))
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
+	for _, row := range minimalRows(results) {
+		fmt.Fprintln(tw, strings.Join(row, "\t")+"\t")
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintln(w)
+	for _, r := range results {
+		fmt.Fprintf(w, "  %s: %s\n", r.Side, r.Made)
+	}
+	_, err := fmt.Fprintf(w, "\nverdict: %s\n", minimalVerdictLine(results))
+	return err
 }
 
 // minimalMarkdown renders the minimal repro's results as a Markdown section.
@@ -204,5 +268,10 @@ func minimalMarkdown(results []MinimalResult) string {
 		results[0].StaleMs, results[0].LockTimeoutMs)
 	rows := minimalRows(results)
 	writeMarkdownTable(&b, rows[0], rows[1:])
+	b.WriteString("\n")
+	for _, r := range results {
+		fmt.Fprintf(&b, "- %s: %s\n", r.Side, r.Made)
+	}
+	fmt.Fprintf(&b, "\nVerdict: %s.\n", minimalVerdictLine(results))
 	return b.String()
 }

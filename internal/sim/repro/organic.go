@@ -93,19 +93,6 @@ func OrganicShort() OrganicConfig {
 	return c
 }
 
-// organicSchemas are the schemas prepareOrganic migrates, by version:
-// organic_vN for each of Versions.
-func organicSchemas() map[int]string {
-	bug, fix := Versions()
-	return schemasOf("organic", bug, fix)
-}
-
-// prepareOrganic migrates organicSchemas in the database of src, each to its
-// version. It returns the map RunOrganic takes.
-func prepareOrganic(ctx context.Context, src *dbconn.Source) (map[int]string, error) {
-	return prepare(ctx, src, "organic", organicSchemas())
-}
-
 // OrganicSettings echoes the scenario's settings in readable units.
 type OrganicSettings struct {
 	Dispatchers    int     `json:"dispatchers"`
@@ -146,26 +133,24 @@ type OrganicVerdict struct {
 // snake_case JSON.
 type OrganicResult = Result[OrganicSettings, dispatch.Calibration, dispatch.Summary, dispatch.Event, OrganicVerdict]
 
-// RunOrganic runs the organic scenario cfg (Schema is ignored) against
-// each schema of schemas (version -> schema name, all in the database of
-// src), in ascending version order, and judges the runs. The schemas must
-// already be migrated to their versions (prepareOrganic does that);
-// RunOrganic checks it, and Seed empties each schema's orchestration tables
-// before its run. With cfg.CalibrateLockTimeout the lock timeout is
-// calibrated first; zero fields take dispatch's defaults, applied here once.
-// progress, when not nil, receives one line per step.
-func RunOrganic(ctx context.Context, src *dbconn.Source, schemas map[int]string, cfg OrganicConfig, progress func(string)) (OrganicResult, error) {
+// RunOrganic runs the organic scenario cfg (Schema is ignored) on each of
+// sides (schemas in the database of src, made by MakeSides), one after the
+// other, and judges the runs. Seed empties each schema's orchestration
+// tables before its run. With cfg.CalibrateLockTimeout the lock timeout is
+// calibrated first, on the first side's schema; zero fields take
+// dispatch's defaults, applied here once. progress, when not nil, receives
+// one line per step.
+func RunOrganic(ctx context.Context, src *dbconn.Source, sides []Side, cfg OrganicConfig, progress func(string)) (OrganicResult, error) {
 	progress = quiet(progress)
-	versions, err := checkSchemas(ctx, src, schemas, "organic", "PrepareOrganic")
-	if err != nil {
-		return OrganicResult{}, err
+	if len(sides) == 0 {
+		return OrganicResult{}, fmt.Errorf("organic: no side to run on")
 	}
 	var cal *dispatch.Calibration
 	if cfg.CalibrateLockTimeout {
 		if cfg.LockTimeout != 0 {
 			return OrganicResult{}, fmt.Errorf("organic: LockTimeout %v with CalibrateLockTimeout: give one", cfg.LockTimeout)
 		}
-		c, err := dispatch.Calibrate(ctx, src, schemas[versions[0]], cfg.Config, LockTimeoutFactor)
+		c, err := dispatch.Calibrate(ctx, src, sides[0].Schema, cfg.Config, LockTimeoutFactor)
 		if err != nil {
 			return OrganicResult{}, err
 		}
@@ -174,64 +159,78 @@ func RunOrganic(ctx context.Context, src *dbconn.Source, schemas map[int]string,
 		progress(fmt.Sprintf("calibration: one uncontended fetch of a hot instance takes %v (median of %d); lock timeout %g x that = %v",
 			c.Fetch.Round(time.Millisecond), c.Samples, c.Factor, c.LockTimeout))
 	}
-	// Checked once here, on the first version's schema; each run sets its own.
-	cfg.Schema = schemas[versions[0]]
+	// Checked once here, on the first side's schema; each run sets its own.
+	cfg.Schema = sides[0].Schema
 	dcfg, err := simconfig.Ready(cfg.Config)
 	if err != nil {
 		return OrganicResult{}, fmt.Errorf("organic: %w", err)
 	}
 	res := OrganicResult{Settings: settings(dcfg), Calibration: cal}
-	res.Runs, err = runEach(versions, schemas, func(v int, schema string) (organicRun, error) {
-		return runOrganicVersion(ctx, src, v, schema, dcfg, progress)
-	})
-	if err != nil {
-		return res, err
+	for _, side := range sides {
+		run, err := runOrganicSide(ctx, src, side, dcfg, progress)
+		if err != nil {
+			return res, err
+		}
+		res.Runs = append(res.Runs, run)
 	}
 	shareHistogramAxis(res.Runs, dcfg.LockTimeout.Milliseconds(), dispatch.Remaining)
 	res.Verdict = judge(res.Runs)
 	return res, nil
 }
 
-func runOrganicVersion(ctx context.Context, src *dbconn.Source, version int, schema string, cfg dispatch.Config, progress func(string)) (organicRun, error) {
-	cfg.Schema = schema
-	run := organicRun{Version: version, Schema: schema}
-	progress(fmt.Sprintf("v%d: seeding %d instance(s) x %d history events of ~%d bytes in schema %s",
-		version, cfg.Instances, cfg.HistoryEvents, cfg.EventBytes, schema))
+// organicRole is what the organic scenario expects of a side: the bug at
+// upstream's latest (its convoy), a clean run at the pack (and at the
+// amended candidate); upstream's candidate is reported, not judged (it
+// has no convoy, but its lease starts before it loads the history).
+func organicRole(side string) role {
+	switch side {
+	case SideUpstream:
+		return bugRole
+	case SidePack, SideAmended:
+		return fixRole
+	}
+	return reportedRole
+}
+
+func runOrganicSide(ctx context.Context, src *dbconn.Source, side Side, cfg dispatch.Config, progress func(string)) (organicRun, error) {
+	cfg.Schema = side.Schema
+	run := organicRun{Side: side.Key, Made: side.Made, Schema: side.Schema}
+	progress(fmt.Sprintf("%s: seeding %d instance(s) x %d history events of ~%d bytes in schema %s",
+		side.Key, cfg.Instances, cfg.HistoryEvents, cfg.EventBytes, side.Schema))
 	seed, err := dispatch.Seed(ctx, src, cfg)
 	if err != nil {
-		return run, fmt.Errorf("organic v%d: %w", version, err)
+		return run, fmt.Errorf("organic %s: %w", side.Key, err)
 	}
-	progress(fmt.Sprintf("v%d: %d dispatchers, lock timeout %v, poll %v, for %v",
-		version, cfg.Dispatchers, cfg.LockTimeout, cfg.PollInterval, cfg.Duration))
-	_, fix := Versions()
+	progress(fmt.Sprintf("%s: %d dispatchers, lock timeout %v, poll %v, for %v",
+		side.Key, cfg.Dispatchers, cfg.LockTimeout, cfg.PollInterval, cfg.Duration))
 	var elapsed time.Duration
 	for {
 		log, err := dispatch.Run(ctx, src, cfg)
 		if err != nil {
-			return run, fmt.Errorf("organic v%d: %w", version, err)
+			return run, fmt.Errorf("organic %s: %w", side.Key, err)
 		}
 		run.Segments++
 		run.Events = append(run.Events, log.Events()...)
 		elapsed += log.Elapsed()
 		run.Summary = dispatch.Summarize(run.Events, elapsed, cfg.MaxAttempts)
 		// The bug is cumulative (attempt_count climbs by one a lost
-		// lease): a version below the fix that has not shown it yet runs
-		// on, on the same queue, rather than fail for a short run.
-		if version >= fix || run.Segments >= MaxBugSegments || judge([]organicRun{run}).Reproduced {
+		// lease): the side that must show it and has not yet runs on, on
+		// the same queue, rather than fail for a short run.
+		if organicRole(side.Key) != bugRole || run.Segments >= MaxBugSegments || judge([]organicRun{run}).Reproduced {
 			break
 		}
-		progress(fmt.Sprintf("v%d: bug not shown yet after %v (max attempt_count %d, %.1f%% dead at return): running another %v on the same queue",
-			version, elapsed.Round(100*time.Millisecond), run.Summary.MaxAttemptCount, run.Summary.DeadAtReturnPct, cfg.Duration))
+		progress(fmt.Sprintf("%s: bug not shown yet after %v (max attempt_count %d, %.1f%% dead at return): running another %v on the same queue",
+			side.Key, elapsed.Round(100*time.Millisecond), run.Summary.MaxAttemptCount, run.Summary.DeadAtReturnPct, cfg.Duration))
 	}
-	pending, err := dispatch.PendingMessages(ctx, src, schema)
+	pending, err := dispatch.PendingMessages(ctx, src, side.Schema)
 	if err != nil {
-		return run, fmt.Errorf("organic v%d: read the queue: %w", version, err)
+		return run, fmt.Errorf("organic %s: read the queue: %w", side.Key, err)
 	}
 	run.Conservation = conservation(dispatch.Conservation(seed.Messages, run.Events, pending))
 	run.Histogram = remainingHistogram(run.Events, cfg.LockTimeout.Milliseconds())
 	s := run.Summary
-	progress(fmt.Sprintf("v%d: %d fetches, %d (%.1f%%) dead at return, %d more expired in delivery, %d invalid-lock acks (%d of a lease still valid, %d late), max attempt_count %d, %.1f turns/s",
-		version, s.Fetches, s.DeadAtReturn, s.DeadAtReturnPct, s.ExpiredInDelivery, s.InvalidLockAcks,
+	progress(fmt.Sprintf("%s: %d fetches, %d (%.1f%%) dead at return, %d more expired in delivery, %d invalid-lock acks (%d of a lease still valid, %d late), max attempt_count %d, %.1f turns/s",
+		side.Key, s.Fetches, s.DeadAtReturn, s.DeadAtReturnPct, s.ExpiredInDelivery, s.InvalidLockAcks,
 		s.RefusedWhileValidAcks, s.RefusedLateAcks, s.MaxAttemptCount, s.TurnsPerSec))
 	return run, nil
 }
@@ -266,46 +265,47 @@ func runOrganicVersion(ctx context.Context, src *dbconn.Source, version int, sch
 // processes the same messages again. Seen about once in twenty organic
 // runs, near the lease's end.
 func judge(runs []organicRun) OrganicVerdict {
-	_, fix := Versions()
-	j := newJudgement(fix)
+	j := newJudgement()
 	conserved := true
 	for _, r := range runs {
 		s := r.Summary
-		if j.buggy(r.Version) {
-			j.add(r.Version, "leases returned", fmt.Sprintf(">= %d", minBugLeases), fmt.Sprint(s.Fetches), s.Fetches >= minBugLeases, false)
-			j.add(r.Version, "leases dead at return", fmt.Sprintf(">= %.0f%%", ReproDeadPct),
+		rl := organicRole(r.Side)
+		add := j.run(rl, r.Version, r.Side)
+		if rl == bugRole {
+			add("leases returned", fmt.Sprintf(">= %d", minBugLeases), fmt.Sprint(s.Fetches), s.Fetches >= minBugLeases, false)
+			add("leases dead at return", fmt.Sprintf(">= %.0f%%", ReproDeadPct),
 				fmt.Sprintf("%.1f%% (%d of %d)", s.DeadAtReturnPct, s.DeadAtReturn, s.Fetches),
 				s.Fetches > 0 && s.DeadAtReturnPct >= ReproDeadPct, false)
-			j.add(r.Version, "acks refused with 'Invalid lock token'", ">= 1",
+			add("acks refused with 'Invalid lock token'", ">= 1",
 				fmt.Sprint(s.InvalidLockAcks), s.InvalidLockAcks >= 1, false)
-			j.add(r.Version, "max attempt_count", fmt.Sprintf("> max_attempts (%d)", s.MaxAttempts),
+			add("max attempt_count", fmt.Sprintf("> max_attempts (%d)", s.MaxAttempts),
 				fmt.Sprint(s.MaxAttemptCount), s.ExceededMaxAttempts, false)
 		} else {
-			j.add(r.Version, "leases returned", fmt.Sprintf(">= %d", minFixLeases), fmt.Sprint(s.Fetches), s.Fetches >= minFixLeases, false)
-			j.add(r.Version, "leases dead at return", "0",
+			add("leases returned", fmt.Sprintf(">= %d", minFixLeases), fmt.Sprint(s.Fetches), s.Fetches >= minFixLeases, false)
+			add("leases dead at return", "0",
 				fmt.Sprintf("%d of %d", s.DeadAtReturn, s.Fetches), s.DeadAtReturn == 0, false)
 			limit := int64(FixReturnAgeP50Pct) * s.LockTimeoutMs / 100
-			j.add(r.Version, "lease used up when the function returned (database clock), p50",
+			add("lease used up when the function returned (database clock), p50",
 				fmt.Sprintf("<= %d%% of the lock timeout (%d ms)", FixReturnAgeP50Pct, limit),
 				returnAge(s), s.ReturnAgeSamples > 0 && s.ReturnAgeP50Ms <= limit, false)
-			j.add(r.Version, "leases expired in delivery (reported, not judged)", "-",
+			add("leases expired in delivery (reported, not judged)", "-",
 				fmt.Sprintf("%d (%d in a delivery shorter than the lock timeout; longest delivery %d ms)", s.ExpiredInDelivery, s.ExpiredInShortDelivery, s.DeliveryMaxMs),
 				true, true)
-			j.add(r.Version, "refused acks of leases still valid when the ack ran", "0",
+			add("refused acks of leases still valid when the ack ran", "0",
 				fmt.Sprintf("%d (of %d refused)", s.RefusedWhileValidAcks, s.InvalidLockAcks), s.RefusedWhileValidAcks == 0, false)
-			j.add(r.Version, "refused acks of leases that had run out (reported, not judged)", "-",
+			add("refused acks of leases that had run out (reported, not judged)", "-",
 				lateAcks(s), true, true)
 			// The function raises attempt_count only through a lease dead
 			// at return or an ack refused while valid, both judged above;
 			// past max_attempts without either, late acks (a delivery or a
 			// turn outlasting the lease on a busy machine) did it.
-			j.add(r.Version, "max attempt_count (reported, not judged: raised by the function only through the two checks above)",
+			add("max attempt_count (reported, not judged: raised by the function only through the two checks above)",
 				fmt.Sprintf("<= max_attempts (%d)", s.MaxAttempts),
 				fmt.Sprint(s.MaxAttemptCount), !s.ExceededMaxAttempts, true)
 		}
 		ok := r.Conservation == "ok"
 		conserved = conserved && ok
-		j.add(r.Version, "messages conserved (advisory)", "ok", r.Conservation, ok, true)
+		add("messages conserved (advisory)", "ok", r.Conservation, ok, true)
 	}
 	return OrganicVerdict{Verdict: j.verdict(), Conserved: conserved}
 }

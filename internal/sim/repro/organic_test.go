@@ -12,60 +12,53 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/duroxide-pg/migrations/harness/ops/migrate"
 	"github.com/duroxide-pg/migrations/internal/dbconn"
 	"github.com/duroxide-pg/migrations/internal/sim/dispatch"
 	"github.com/duroxide-pg/migrations/internal/sim/repro"
 	"github.com/duroxide-pg/migrations/internal/sim/simconfig"
 	"github.com/duroxide-pg/migrations/internal/testenv/pgtest"
 	"github.com/duroxide-pg/migrations/internal/testenv/testdb"
+	"github.com/duroxide-pg/migrations/internal/testenv/upstream"
 )
 
 // organicServer starts a throwaway server for one test and creates a
-// database on it, migrated with schema v19 at 19 and v20 at 20.
-func organicServer(t *testing.T) (src *dbconn.Source, schemas map[int]string) {
+// database on it with the sides keys (MakeSides, prefix organic).
+func organicServer(t *testing.T, keys ...string) (src *dbconn.Source, sides []repro.Side) {
 	t.Helper()
-	_, src, schemas = organicServerDB(t)
-	return src, schemas
+	_, src, sides = organicServerDB(t, keys...)
+	return src, sides
 }
 
-// organicServerDB is organicServer that also returns the server and the
-// database's name.
-func organicServerDB(t *testing.T) (srv *pgtest.Server, src *dbconn.Source, schemas map[int]string) {
+// organicServerDB is organicServer that also returns the server.
+func organicServerDB(t *testing.T, keys ...string) (srv *pgtest.Server, src *dbconn.Source, sides []repro.Side) {
 	t.Helper()
+	p := upstream.Require(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	srv, err := pgtest.Start(ctx, pgtest.OptionsFromEnv())
-	var db string
 	require.NoError(t, err, "no PostgreSQL server")
 	t.Cleanup(func() { _ = srv.Close(context.Background()) })
-	db, err = srv.CreateDatabase(ctx, "organic_", "")
+	db, err := srv.CreateDatabase(ctx, "organic_", "")
 	require.NoError(t, err)
 	src = testdb.MustSource(t, srv.DSN(db))
-	schemas = map[int]string{19: "v19", 20: "v20"}
-	for v, schema := range schemas {
-		r, err := migrate.Open(ctx, src.Config(), migrate.Options{Schema: schema})
-		require.NoError(t, err)
-		_, err = r.UpTo(ctx, int64(v))
-		require.NoError(t, r.Close())
-		require.NoError(t, err, "migrate %s to %d", schema, v)
-	}
-	return srv, src, schemas
+	sides, err = repro.MakeSides(ctx, src, p, "organic", keys)
+	require.NoError(t, err)
+	return srv, src, sides
 }
 
-func TestOrganicScenarioReproducesAt19AndIsCleanAt20(t *testing.T) {
+func TestOrganicScenarioReproducesAtUpstreamAndIsCleanAtThePack(t *testing.T) {
 	if testing.Short() {
-		t.Skip("runs the organic scenario for several seconds per version")
+		t.Skip("runs the organic scenario for several seconds per side")
 	}
-	src, schemas := organicServer(t)
-	res := runOrganicJudged(t, src, schemas, repro.OrganicShort())
+	src, sides := organicServer(t, repro.Sides()...)
+	res := runOrganicJudged(t, src, sides, repro.OrganicShort())
 
-	// The regression check, on every fetch of the run: at 20 every lease
+	// The regression check, on every fetch of the run: at the pack every lease
 	// was alive when the function returned (the database clock), and the
 	// median had used at most FixReturnAgeP50Pct% of itself by then; a
 	// lease the delivery outlived afterwards is the caller's (the
 	// verdict's rule: the function cannot shorten the delivery).
-	v20 := res.Run(20)
+	v20 := res.Side(repro.SidePack)
 	require.NotNil(t, v20)
 	leases := 0
 	for _, e := range v20.Events {
@@ -94,12 +87,12 @@ func TestOrganicScenarioReproducesAt19AndIsCleanAt20(t *testing.T) {
 	}
 	require.Zero(t, v20.Summary.RefusedWhileValidAcks)
 
-	// At 19 the lease is dead on arrival on most fetches.
-	v19 := res.Run(19)
+	// At upstream's latest the lease is dead on arrival on most fetches.
+	v19 := res.Side(repro.SideUpstream)
 	require.NotNil(t, v19)
 	require.GreaterOrEqual(t, v19.Summary.DeadOnArrivalPct, repro.ReproDeadPct)
 	require.True(t, v19.Segments >= 1 && v19.Segments <= repro.MaxBugSegments, "v19 ran %d segments", v19.Segments)
-	// Used up at return: at 19 the lease counts from p_now_ms, minted
+	// Used up at return: at upstream the lease counts from p_now_ms, minted
 	// before the wait, so most leases are used up before the row leaves.
 	require.Greater(t, v19.Summary.ReturnAgeP50Ms, v19.Summary.LockTimeoutMs/2)
 
@@ -120,14 +113,30 @@ func TestOrganicScenarioReproducesAt19AndIsCleanAt20(t *testing.T) {
 	}
 	require.NotContains(t, string(b), `"caller_before_ms"`, "events stay out of the JSON")
 
-	// A schema at another version than its key is refused.
-	_, err = repro.RunOrganic(context.Background(), src, map[int]string{20: schemas[19]}, repro.OrganicConfig{Config: dispatch.Config{Run: simconfig.Run{Duration: time.Second}}}, nil)
-	require.ErrorContains(t, err, "is at version 19, not 20")
+	// Upstream's candidate is reported, every check of it advisory: no
+	// convoy, but its lease starts before it loads the history.
+	candidate := res.Side(repro.SideCandidate)
+	require.NotNil(t, candidate)
+	require.Greater(t, candidate.Summary.Fetches, 10)
+	var reported int
+	for _, c := range res.Verdict.Checks {
+		if c.Side == repro.SideCandidate {
+			reported++
+			require.True(t, c.Advisory, "candidate: %s is reported, not judged", c.Name)
+		}
+	}
+	require.Positive(t, reported)
+	t.Logf("candidate: %.1f%% dead at return, lease used at return p50 %d ms of %d", candidate.Summary.DeadAtReturnPct,
+		candidate.Summary.ReturnAgeP50Ms, candidate.Summary.LockTimeoutMs)
+
+	// No side is refused.
+	_, err = repro.RunOrganic(context.Background(), src, nil, repro.OrganicConfig{Config: dispatch.Config{Run: simconfig.Run{Duration: time.Second}}}, nil)
+	require.ErrorContains(t, err, "no side")
 
 	// A fixed lock timeout and calibration at once is refused, not guessed.
 	both := repro.OrganicShort()
 	both.LockTimeout = time.Second
-	_, err = repro.RunOrganic(context.Background(), src, schemas, both, nil)
+	_, err = repro.RunOrganic(context.Background(), src, sides, both, nil)
 	require.ErrorContains(t, err, "give one")
 }
 
@@ -136,28 +145,28 @@ func TestOrganicScenarioReproducesAt19AndIsCleanAt20(t *testing.T) {
 // verdicts it gives over direct connections.
 func TestOrganicScenarioThroughPgBouncerInTransactionMode(t *testing.T) {
 	if testing.Short() {
-		t.Skip("runs the organic scenario for several seconds per version")
+		t.Skip("runs the organic scenario for several seconds per side")
 	}
-	srv, src, schemas := organicServerDB(t)
+	srv, src, sides := organicServerDB(t, repro.SideUpstream, repro.SidePack)
 	b := pgtest.RequirePgBouncer(t, srv, "transaction")
 	cfg := repro.OrganicShort()
 	cfg.Via = testdb.MustSource(t, b.DSN(src.Database()))
-	res := runOrganicJudged(t, src, schemas, cfg)
-	require.Greater(t, res.Run(20).Summary.Fetches, 10)
+	res := runOrganicJudged(t, src, sides, cfg)
+	require.Greater(t, res.Side(repro.SidePack).Summary.Fetches, 10)
 }
 
 // runOrganicJudged runs the organic scenario and requires every verdict
 // criterion to pass. The scenario is timing-driven on a shared machine: a
 // load spike can keep 19's livelock from starting within the run, or stall
 // a process for longer than the lease between its computation and its
-// arrival at 20. So it runs at most twice; a real regression fails both.
-func runOrganicJudged(t *testing.T, src *dbconn.Source, schemas map[int]string, cfg repro.OrganicConfig) repro.OrganicResult {
+// arrival at the pack. So it runs at most twice; a real regression fails both.
+func runOrganicJudged(t *testing.T, src *dbconn.Source, sides []repro.Side, cfg repro.OrganicConfig) repro.OrganicResult {
 	t.Helper()
 	var res repro.OrganicResult
 	for attempt := 1; attempt <= 2; attempt++ {
 		start := time.Now()
 		var err error
-		res, err = repro.RunOrganic(context.Background(), src, schemas, cfg, func(s string) { t.Log(s) })
+		res, err = repro.RunOrganic(context.Background(), src, sides, cfg, func(s string) { t.Log(s) })
 		require.NoError(t, err)
 		var table bytes.Buffer
 		require.NoError(t, repro.PrintTable(&table, res))
@@ -167,7 +176,7 @@ func runOrganicJudged(t *testing.T, src *dbconn.Source, schemas map[int]string, 
 		}
 		for _, c := range res.Verdict.Checks {
 			if !c.Pass {
-				t.Logf("attempt %d: v%d %s: want %s, got %s", attempt, c.Version, c.Name, c.Want, c.Got)
+				t.Logf("attempt %d: %s %s: want %s, got %s", attempt, c.Side, c.Name, c.Want, c.Got)
 			}
 		}
 	}
@@ -175,11 +184,11 @@ func runOrganicJudged(t *testing.T, src *dbconn.Source, schemas map[int]string, 
 	for _, c := range res.Verdict.Checks {
 		if c.Advisory {
 			if !c.Pass {
-				t.Logf("advisory: v%d %s: %s", c.Version, c.Name, c.Got)
+				t.Logf("advisory: %s %s: %s", c.Side, c.Name, c.Got)
 			}
 			continue
 		}
-		require.True(t, c.Pass, "v%d %s: want %s, got %s", c.Version, c.Name, c.Want, c.Got)
+		require.True(t, c.Pass, "%s %s: want %s, got %s", c.Side, c.Name, c.Want, c.Got)
 	}
 	require.True(t, res.Verdict.Reproduced)
 	require.True(t, res.Verdict.Fixed)

@@ -172,9 +172,8 @@ func PrintTable(w io.Writer, res OrganicResult) error {
 	if c := res.Calibration; c != nil {
 		lock += fmt.Sprintf(" (%g x an uncontended fetch, %.1f ms)", c.Factor, c.FetchMs)
 	}
-	bug, fix := Versions()
-	return printSideBySide(w, header, rows, res.Verdict.Verdict, bug, fix,
-		fmt.Sprintf("%d dispatchers, %d instance(s) x %d events, %s, %.0f s per version",
+	return printSideBySide(w, header, rows, res.Verdict.Verdict, SideUpstream, SidePack,
+		fmt.Sprintf("%d dispatchers, %d instance(s) x %d events, %s, %.0f s per side",
 			res.Settings.Dispatchers, res.Settings.Instances, res.Settings.HistoryEvents, lock, res.Settings.DurationS))
 }
 
@@ -183,27 +182,32 @@ func PrintTable(w io.Writer, res OrganicResult) error {
 func organicMarkdown(res OrganicResult, histogramFile string) string {
 	var b strings.Builder
 	s := res.Settings
-	bug, fix := Versions()
-	fmt.Fprintf(&b, "## Organic scenario: the runtime's dispatch loop at versions %s\n\n", versionList(res.Runs))
+	fmt.Fprintf(&b, "## Organic scenario: the runtime's dispatch loop on %s\n\n", runList(res.Runs))
 	fmt.Fprintf(&b, "%d simulated orchestration dispatchers (one connection each, the runtime's loop: "+
 		"p_now_ms minted just before each fetch, version filter 0..1029, %d ms minimum poll interval, "+
 		"renewal every ceil(timeout/2) s, poison ack past max_attempts %d, failure ack after a refused ack) "+
 		"on %d running instance(s) with %d history events of ~%d bytes each; lock timeout %d ms, "+
-		"turn time %d ms, clock skew ±%d ms, %.0f s per version.\n\n",
+		"turn time %d ms, clock skew ±%d ms, %.0f s per side.\n\n",
 		s.Dispatchers, s.PollIntervalMs, s.MaxAttempts, s.Instances, s.HistoryEvents, s.EventBytes,
 		s.LockTimeoutMs, s.TurnTimeMs, s.SkewMs, s.DurationS)
 	if c := res.Calibration; c != nil {
 		fmt.Fprintf(&b, "The lock timeout was calibrated on this machine: one uncontended fetch of a hot instance "+
 			"took %.1f ms (median of %d, schema %s), and the timeout is %g times that, rounded up: %d ms. "+
-			"At %d a lease dies when the caller waited longer than that in the call; at %d only if delivering the row "+
-			"took longer.\n\n", c.FetchMs, c.Samples, c.Schema, c.Factor, c.LockTimeoutMs, bug, fix)
+			"At upstream's latest a lease dies when the caller waited longer than that in the call; at the pack only if delivering the row "+
+			"took longer.\n\n", c.FetchMs, c.Samples, c.Schema, c.Factor, c.LockTimeoutMs)
 	}
 	header, rows := sideBySide(res.Runs, organicRows())
 	writeMarkdownTable(&b, header, rows)
+	b.WriteString("\n")
+	for _, r := range res.Runs {
+		fmt.Fprintf(&b, "- %s: %s\n", r.Label(), r.Made)
+	}
 	fmt.Fprintf(&b, "\n\"Lease age at return\": how long before the row reached the caller its lease started "+
-		"(caller clock at return minus locked_until plus the timeout). At %d the lease starts at p_now_ms, before the "+
-		"call, so its age is the whole call including every wait; at %d it starts when the function is done, so its "+
-		"age is the time to deliver the row (serialise, send, parse the history) plus any scheduling stall.\n", bug, fix)
+		"(caller clock at return minus locked_until plus the timeout). At upstream's latest the lease starts at p_now_ms, before the "+
+		"call, so its age is the whole call including every wait; upstream's candidate carries p_now_ms forward by the time spent "+
+		"in the call up to the claim, so its age is the rest of the call (loading the history) and the delivery; at the pack it "+
+		"starts when the function is done, so its age is the time to deliver the row (serialise, send, parse the history) plus "+
+		"any scheduling stall. Upstream's candidate is reported, not judged.\n")
 	b.WriteString("\n\"Dead on arrival\": the lease's locked_until was already at or before the caller's clock " +
 		"when the row reached the caller (or the lease had already been taken over before it could be read: " +
 		"dead at return when that read failed, expired in delivery when it ran, since a takeover needs the lease to " +
@@ -224,9 +228,9 @@ func organicMarkdown(res OrganicResult, histogramFile string) string {
 		"the fetch returned, during the row's delivery or during the caller's processing of the turn (reported with " +
 		"how late, not judged).\n\n")
 	if histogramFile != "" {
-		fmt.Fprintf(&b, "![Remaining lease at return, per version](%s)\n\n", histogramFile)
+		fmt.Fprintf(&b, "![Remaining lease at return, per side](%s)\n\n", histogramFile)
 	}
-	writeVerdictMarkdown(&b, res.Verdict.Verdict, bug, fix)
+	writeVerdictMarkdown(&b, res.Verdict.Verdict, SideUpstream, SidePack)
 	if !res.Verdict.Conserved {
 		b.WriteString("\nA message was processed twice (or lost): ack_orchestration_item validates the lease against the " +
 			"caller's p_now_ms with a plain read and locks nothing, so a fetch can take the instance over while an ack " +
@@ -235,6 +239,9 @@ func organicMarkdown(res OrganicResult, histogramFile string) string {
 	}
 	return b.String()
 }
+
+// reportTitle heads report.md.
+const reportTitle = "# duroxide-pg fetch_orchestration_item: lease dead on arrival at upstream, valid at the pack\n\n"
 
 // WriteReport writes dir/report.md (the organic section under a title) and
 // dir/remaining_lease.svg, creating dir.
@@ -249,9 +256,7 @@ func WriteReport(dir string, res OrganicResult) error {
 	if err := os.WriteFile(filepath.Join(dir, HistogramFile), svg.Bytes(), 0o644); err != nil {
 		return err
 	}
-	bug, fix := Versions()
-	md := fmt.Sprintf("# duroxide-pg fetch_orchestration_item: lease dead on arrival at %d, valid at %d\n\n", bug, fix) +
-		organicMarkdown(res, HistogramFile)
+	md := reportTitle + organicMarkdown(res, HistogramFile)
 	return os.WriteFile(filepath.Join(dir, ReportFile), []byte(md), 0o644)
 }
 
@@ -292,8 +297,8 @@ func writeHistogramSVG(w io.Writer, res OrganicResult) error {
 		yOf := func(c int) float64 { return y0 + panelH - float64(c)/float64(maxC)*(panelH-20) }
 		s := r.Summary
 		fmt.Fprintf(&b, `<text x="%.0f" y="%.0f" font-weight="bold">%s</text>`+"\n", plotL, y0+12,
-			html.EscapeString(fmt.Sprintf("v%d (%s): %d leases, %d dead on arrival (%.1f%%), p50 %d ms",
-				r.Version, r.Schema, s.Fetches, s.DeadOnArrival, s.DeadOnArrivalPct, s.RemainingP50Ms)))
+			html.EscapeString(fmt.Sprintf("%s (%s): %d leases, %d dead on arrival (%.1f%%), p50 %d ms",
+				r.Label(), r.Schema, s.Fetches, s.DeadOnArrival, s.DeadOnArrivalPct, s.RemainingP50Ms)))
 		// Axes.
 		fmt.Fprintf(&b, `<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#333"/>`+"\n", left, y0+panelH, width-right, y0+panelH)
 		fmt.Fprintf(&b, `<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#333"/>`+"\n", left, y0+20, left, y0+panelH)

@@ -60,12 +60,12 @@ func TestNiceWidth(t *testing.T) {
 
 func sampleResult() OrganicResult {
 	runs := []organicRun{
-		{Version: 19, Schema: "organic_v19", Events: fetchEvents(-300, -250, -120, -40, 5), Conservation: "ok",
+		{Side: SideUpstream, Made: "the real provider", Schema: "organic_upstream", Events: fetchEvents(-300, -250, -120, -40, 5), Conservation: "ok",
 			Summary: dispatch.Summary{Fetches: 25, FetchCalls: 45, DeadOnArrival: 20, DeadOnArrivalPct: 80, DeadAtReturn: 20,
 				DeadAtReturnPct: 80, InvalidLockAcks: 20, InvalidLockAckPct: 80, MaxAttemptCount: 61, MaxAttempts: 10,
 				ExceededMaxAttempts: true, RemainingSamples: 25,
 				RemainingP1Ms: -300, RemainingP50Ms: -120, RemainingP99Ms: 5, ElapsedS: 8}},
-		{Version: 20, Schema: "organic_v20", Events: fetchEvents(20, 25, 27, 28, 28), Conservation: "ok",
+		{Side: SidePack, Made: "the pack", Schema: "organic_pack", Events: fetchEvents(20, 25, 27, 28, 28), Conservation: "ok",
 			Summary: dispatch.Summary{Fetches: 60, FetchCalls: 70, CompletedTurns: 60, TurnsPerSec: 7.5, MaxAttemptCount: 1,
 				MaxAttempts: 10, RemainingSamples: 60, RemainingP1Ms: 20, RemainingP50Ms: 27, RemainingP99Ms: 28, ElapsedS: 8,
 				LockTimeoutMs: 30, ReturnAgeSamples: 60, ReturnAgeP50Ms: 1, ReturnAgeP99Ms: 2, ReturnAgeMaxMs: 3}},
@@ -84,7 +84,7 @@ func TestJudge(t *testing.T) {
 	require.True(t, res.Verdict.Fixed)
 	require.True(t, res.Verdict.OK)
 
-	// A lease dead at return at 20 fails the fix; too few at 19 fail the repro.
+	// A lease dead at return at the pack fails the fix; too few at upstream fail the repro.
 	runs := append([]organicRun(nil), res.Runs...)
 	runs[1].Summary.DeadAtReturn = 1
 	runs[0].Summary.DeadAtReturnPct = 19.9
@@ -93,7 +93,7 @@ func TestJudge(t *testing.T) {
 	require.False(t, v.Fixed)
 	require.False(t, v.OK)
 
-	// At 20, a lease that a delivery outlived is reported, not judged,
+	// At the pack, a lease that a delivery outlived is reported, not judged,
 	// however short the delivery, and so is the attempt_count late acks
 	// raise; a median lease that had used up more than FixReturnAgeP50Pct%
 	// of itself when the function returned fails (a single stalled return
@@ -128,7 +128,7 @@ func TestJudge(t *testing.T) {
 	require.True(t, v.Fixed)
 	var late *Check
 	for i, c := range v.Checks {
-		if c.Version == 20 && strings.HasPrefix(c.Name, "refused acks of leases that had run out") {
+		if c.Side == SidePack && strings.HasPrefix(c.Name, "refused acks of leases that had run out") {
 			late = &v.Checks[i]
 		}
 	}
@@ -162,17 +162,31 @@ func TestJudge(t *testing.T) {
 		}
 	}
 	require.True(t, sawAdvisory)
-	// Only one version: not OK.
+	// Only one side: not OK.
 	v = judge(res.Runs[:1])
 	require.True(t, v.Reproduced)
 	require.False(t, v.OK)
+	// Upstream's candidate is reported, not judged: a lease dead at
+	// return there changes no verdict, and its checks say so.
+	candidate := res.Runs[1]
+	candidate.Side, candidate.Summary.DeadAtReturn = SideCandidate, 3
+	v = judge(append(append([]organicRun(nil), res.Runs...), candidate))
+	require.True(t, v.OK)
+	var reported int
+	for _, c := range v.Checks {
+		if c.Side == SideCandidate {
+			reported++
+			require.True(t, c.Advisory, "%s is reported", c.Name)
+		}
+	}
+	require.Positive(t, reported)
 }
 
 func TestPrintTableIsSideBySide(t *testing.T) {
 	var b bytes.Buffer
 	require.NoError(t, PrintTable(&b, sampleResult()))
 	out := b.String()
-	for _, want := range []string{"v19 (organic_v19)", "v20 (organic_v20)", "dead at return", "20 (80.0%)", "0 (0.0%)",
+	for _, want := range []string{"upstream (organic_upstream)", "pack (organic_pack)", "dead at return", "20 (80.0%)", "0 (0.0%)",
 		"invalid-lock acks", "61 (> 10: yes)", "1 (> 10: no)", "-300 / -120 / 5 ms", "20 / 27 / 28 ms", "completed turns/s"} {
 		require.Contains(t, out, want)
 	}
@@ -184,8 +198,9 @@ func TestWriteReportWritesMarkdownAndAWellFormedSVG(t *testing.T) {
 	md, err := os.ReadFile(filepath.Join(dir, ReportFile))
 	require.NoError(t, err)
 	require.Contains(t, string(md), "| dead at return (database clock) | 20 (80.0%) | 0 (0.0%) |")
-	require.Contains(t, string(md), "![Remaining lease at return, per version]("+HistogramFile+")")
-	require.Contains(t, string(md), "Reproduced at 19: **true**. Clean at 20: **true**.")
+	require.Contains(t, string(md), "![Remaining lease at return, per side]("+HistogramFile+")")
+	require.Contains(t, string(md), "Reproduced at upstream: **true**. Clean at pack: **true**.")
+	require.Contains(t, string(md), "- upstream: the real provider")
 
 	svg, err := os.ReadFile(filepath.Join(dir, HistogramFile))
 	require.NoError(t, err)
@@ -210,7 +225,7 @@ func TestWriteReportWritesMarkdownAndAWellFormedSVG(t *testing.T) {
 	}
 	require.Positive(t, red, "dead leases drawn in red")
 	require.Positive(t, green, "live leases drawn in green")
-	require.True(t, strings.Contains(string(svg), "v19 (organic_v19)") && strings.Contains(string(svg), "v20 (organic_v20)"))
+	require.True(t, strings.Contains(string(svg), "upstream (organic_upstream)") && strings.Contains(string(svg), "pack (organic_pack)"))
 }
 
 func TestResultJSONNamesAreStable(t *testing.T) {
@@ -220,7 +235,7 @@ func TestResultJSONNamesAreStable(t *testing.T) {
 	require.NoError(t, json.Unmarshal(b, &m))
 	require.ElementsMatch(t, []string{"settings", "runs", "verdict"}, keys(m))
 	run := m["runs"].([]any)[0].(map[string]any)
-	require.ElementsMatch(t, []string{"version", "schema", "summary", "conservation", "remaining_lease_histogram"}, keys(run))
+	require.ElementsMatch(t, []string{"side", "made", "schema", "summary", "conservation", "remaining_lease_histogram"}, keys(run))
 	settings := m["settings"].(map[string]any)
 	require.Contains(t, keys(settings), "lock_timeout_ms")
 	require.Equal(t, float64(30), settings["lock_timeout_ms"])

@@ -15,11 +15,6 @@ import (
 // settings, then judged: the versions below the fix must show the bug, the
 // fix must be clean.
 
-// Versions are the schema versions the orchestration repros compare: the
-// version before the pack's fix of fetch_orchestration_item, and that fix
-// (read from sql/).
-func Versions() (bug, fix int) { return ints(migrations.FetchFix()) }
-
 // WorkerVersions are the schema versions the worker repros compare: the
 // version before the pack's fixes of the worker queue, and the last of them
 // (read from sql/).
@@ -27,10 +22,16 @@ func WorkerVersions() (bug, fix int) { return ints(migrations.WorkerFix()) }
 
 func ints(a, b int64) (int, int) { return int(a), int(b) }
 
-// Run is a scenario at one schema version: the summary S of its simulation
-// and the events E it recorded.
+// Run is a scenario on one schema (a pack version, or a side of a
+// comparison of sides): the summary S of its simulation and the events E
+// it recorded.
 type Run[S, E any] struct {
-	Version int    `json:"version"`
+	// Version is the pack's version of the schema, 0 on a side.
+	Version int `json:"version,omitempty"`
+	// Side and Made name the side the run is of (SideUpstream, ...), and
+	// what built its schema; empty on a run at a pack version.
+	Side    string `json:"side,omitempty"`
+	Made    string `json:"made,omitempty"`
 	Schema  string `json:"schema"`
 	Summary S      `json:"summary"`
 	// Segments is how many runs of the configured duration the version
@@ -47,9 +48,20 @@ type Run[S, E any] struct {
 	Events []E `json:"-"`
 }
 
-// Check is one verdict criterion.
+// Label names the run in tables: its side, or "vN".
+func (r Run[S, E]) Label() string { return runLabel(r.Version, r.Side) }
+
+func runLabel(version int, side string) string {
+	if side != "" {
+		return side
+	}
+	return fmt.Sprintf("v%d", version)
+}
+
+// Check is one verdict criterion, of the run at Version or of Side.
 type Check struct {
-	Version int    `json:"version"`
+	Version int    `json:"version,omitempty"`
+	Side    string `json:"side,omitempty"`
 	Name    string `json:"name"`
 	Want    string `json:"want"`
 	Got     string `json:"got"`
@@ -85,6 +97,16 @@ type Result[Set, Cal, S, E, V any] struct {
 func (r *Result[Set, Cal, S, E, V]) Run(version int) *Run[S, E] {
 	for i := range r.Runs {
 		if r.Runs[i].Version == version {
+			return &r.Runs[i]
+		}
+	}
+	return nil
+}
+
+// Side returns the run of side key, or nil.
+func (r *Result[Set, Cal, S, E, V]) Side(key string) *Run[S, E] {
+	for i := range r.Runs {
+		if r.Runs[i].Side == key {
 			return &r.Runs[i]
 		}
 	}
@@ -140,35 +162,66 @@ func shareHistogramAxis[S, E any](runs []Run[S, E], timeoutMs int64, remaining f
 	}
 }
 
-// judgement collects the checks of a verdict: those of a version below fix
-// decide Reproduced, those of fix and above Fixed, advisory ones neither.
+// role is what a run must show: the bug, the fix, or neither (its checks
+// are reported, not judged).
+type role int
+
+const (
+	bugRole role = iota
+	fixRole
+	reportedRole
+)
+
+// judgement collects the checks of a verdict: those of a run of bugRole
+// decide Reproduced, those of fixRole Fixed, advisory ones and those of
+// reportedRole neither.
 type judgement struct {
-	fix                          int
 	checks                       []Check
 	sawBug, sawFix, bugOK, fixOK bool
 }
 
-func newJudgement(fix int) *judgement { return &judgement{fix: fix, bugOK: true, fixOK: true} }
+func newJudgement() *judgement { return &judgement{bugOK: true, fixOK: true} }
 
-// buggy reports whether version is below the fix, and notes that a run of
-// that side was seen.
-func (j *judgement) buggy(version int) bool {
-	if version < j.fix {
-		j.sawBug = true
-		return true
+// versionRole is the role of a run at version when fix is the first fixed
+// version.
+func versionRole(version, fix int) role {
+	if version < fix {
+		return bugRole
 	}
-	j.sawFix = true
-	return false
+	return fixRole
 }
 
-func (j *judgement) add(version int, name, want, got string, pass, advisory bool) {
-	j.checks = append(j.checks, Check{Version: version, Name: name, Want: want, Got: got, Pass: pass, Advisory: advisory})
+// saw notes that a run of r was judged.
+func (j *judgement) saw(r role) {
+	switch r {
+	case bugRole:
+		j.sawBug = true
+	case fixRole:
+		j.sawFix = true
+	}
+}
+
+// add records check c of a run of role r.
+func (j *judgement) add(r role, c Check) {
+	if r == reportedRole {
+		c.Advisory = true
+	}
+	j.checks = append(j.checks, c)
 	switch {
-	case advisory:
-	case version < j.fix:
-		j.bugOK = j.bugOK && pass
+	case c.Advisory:
+	case r == bugRole:
+		j.bugOK = j.bugOK && c.Pass
 	default:
-		j.fixOK = j.fixOK && pass
+		j.fixOK = j.fixOK && c.Pass
+	}
+}
+
+// run notes that a run of role r (at version, or of side) is judged and
+// returns what adds its checks.
+func (j *judgement) run(r role, version int, side string) func(name, want, got string, pass, advisory bool) {
+	j.saw(r)
+	return func(name, want, got string, pass, advisory bool) {
+		j.add(r, Check{Version: version, Side: side, Name: name, Want: want, Got: got, Pass: pass, Advisory: advisory})
 	}
 }
 

@@ -1,27 +1,29 @@
 package repro
 
-// The runtime repro: the seed's symptoms with the real duroxide runtime
-// (upstream.AddonPackage), not the model. One orchestration of one turn;
-// another session holds its instance's advisory key for longer than the
-// runtime's orchestration lock timeout, again and again: the deterministic
-// form of the convoy ahead of it. On a schema made by upstream's runner
-// every fetch that waited returns a lease already expired, its ack is
-// refused ("Invalid lock token") and attempt_count climbs; on the pack's
-// latest the orchestration completes as soon as the key is free.
+// The runtime repro, held-key form: the seed's symptoms with the real
+// duroxide runtime (upstream.AddonPackage), not the model. One
+// orchestration of one turn; another session holds its instance's advisory
+// key, the key each side's fetch actually takes (upstream's
+// hashtext(instance_id); its candidate's and the pack's, scoped to the
+// schema), for longer than the runtime's orchestration lock timeout, again
+// and again: the deterministic form of the convoy ahead of it. On a schema
+// made by upstream's runner every fetch that waited returns a lease already
+// expired, its ack is refused ("Invalid lock token") and attempt_count
+// climbs; upstream's candidate and the pack's latest only try the key, skip
+// the instance while it is held and complete it as soon as it is free.
 
 import (
 	"context"
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
-	migrations "github.com/duroxide-pg/migrations"
-	"github.com/duroxide-pg/migrations/harness/ops/migrate"
 	"github.com/duroxide-pg/migrations/internal/dbconn"
 	"github.com/duroxide-pg/migrations/internal/testenv/upstream"
 )
@@ -64,12 +66,16 @@ type RuntimeHold struct {
 	AttemptCount int64 `json:"attempt_count"`
 }
 
-// RuntimeSide is what one schema did.
+// RuntimeSide is what one side did.
 type RuntimeSide struct {
+	Side   string `json:"side"`
 	Schema string `json:"schema"`
 	// Made says what built the schema.
-	Made  string        `json:"made"`
-	Holds []RuntimeHold `json:"holds"`
+	Made string `json:"made"`
+	// HeldKey is the advisory key the other session holds: the one this
+	// side's fetch takes.
+	HeldKey string        `json:"held_key"`
+	Holds   []RuntimeHold `json:"holds"`
 	// CompletedAfterHold is the number of holds after which the
 	// orchestration had completed, 0 when it completed only once the key
 	// was let go for good.
@@ -91,13 +97,18 @@ type RuntimeSide struct {
 	Sample []string `json:"sample,omitempty"`
 }
 
+// clean reports whether the side ran the orchestration as a fix should:
+// no line of the lease kind, completed once the first hold ended.
+func (s RuntimeSide) clean() bool {
+	return s.LeaseLines == 0 && s.Status == "Completed" && s.CompletedAfterHold == 1
+}
+
 // RuntimeResult is the runtime repro's outcome.
 type RuntimeResult struct {
-	Addon         string      `json:"addon"`
-	HoldMs        int64       `json:"hold_ms"`
-	LockTimeoutMs int64       `json:"lock_timeout_ms"`
-	Upstream      RuntimeSide `json:"upstream"`
-	Pack          RuntimeSide `json:"pack"`
+	Addon         string        `json:"addon"`
+	HoldMs        int64         `json:"hold_ms"`
+	LockTimeoutMs int64         `json:"lock_timeout_ms"`
+	Sides         []RuntimeSide `json:"sides"`
 	// Reproduced: upstream refused an ack after every hold, attempt_count
 	// climbed by one a hold, and the orchestration did not complete while
 	// the key was being held.
@@ -110,34 +121,43 @@ type RuntimeResult struct {
 // OK is the verdict: reproduced on upstream, fixed on the pack.
 func (r RuntimeResult) OK() bool { return r.Reproduced && r.Fixed }
 
-// RuntimeRepro makes the two schemas in src's database (runtime_upstream by
-// the real provider, runtime_pack by the pack at its latest version) and
-// runs the repro on each.
-func RuntimeRepro(ctx context.Context, src *dbconn.Source, p *upstream.Provider, cfg RuntimeConfig, progress func(string)) (RuntimeResult, error) {
+// Side returns the side of key, if it ran.
+func (r RuntimeResult) Side(key string) (RuntimeSide, bool) {
+	for _, s := range r.Sides {
+		if s.Side == key {
+			return s, true
+		}
+	}
+	return RuntimeSide{}, false
+}
+
+// RuntimeRepro makes the sides' schemas in src's database (MakeSides,
+// prefix runtime) and runs the repro on each; upstream's and the pack's
+// must be among them.
+func RuntimeRepro(ctx context.Context, src *dbconn.Source, p *upstream.Provider, cfg RuntimeConfig, sides []string, progress func(string)) (RuntimeResult, error) {
 	if err := cfg.Validate(); err != nil {
 		return RuntimeResult{}, err
 	}
+	if !slices.Contains(sides, SideUpstream) || !slices.Contains(sides, SidePack) {
+		return RuntimeResult{}, fmt.Errorf("runtime repro: the verdict compares upstream's side and the pack's; sides %v", sides)
+	}
 	res := RuntimeResult{Addon: upstream.AddonPackage, HoldMs: cfg.Hold.Milliseconds(), LockTimeoutMs: RuntimeLockTimeout.Milliseconds()}
-	const upSchema, packSchema = "runtime_upstream", "runtime_pack"
-	if err := p.Migrate(ctx, src, upSchema); err != nil {
-		return res, err
+	made, err := MakeSides(ctx, src, p, "runtime", sides)
+	if err != nil {
+		return res, fmt.Errorf("runtime repro: %w", err)
 	}
-	if err := migrate.To(ctx, src.Config(), packSchema, migrations.Latest()); err != nil {
-		return res, err
+	for _, side := range made {
+		progress(fmt.Sprintf("runtime repro: %s (%s: %s), %d holds of %v", side.Key, side.Schema, side.Made, cfg.Holds, cfg.Hold))
+		rs, err := runtimeSide(ctx, src, p, side, cfg)
+		if err != nil {
+			return res, err
+		}
+		res.Sides = append(res.Sides, rs)
 	}
-	var err error
-	progress(fmt.Sprintf("runtime repro: %s (made by the real provider), %d holds of %v", upSchema, cfg.Holds, cfg.Hold))
-	if res.Upstream, err = runtimeSide(ctx, src, p, upSchema, cfg); err != nil {
-		return res, err
-	}
-	res.Upstream.Made = "real provider " + upstream.AddonPackage + " (upstream 1..21, 23)"
-	progress(fmt.Sprintf("runtime repro: %s (the pack at %04d)", packSchema, migrations.Latest()))
-	if res.Pack, err = runtimeSide(ctx, src, p, packSchema, cfg); err != nil {
-		return res, err
-	}
-	res.Pack.Made = fmt.Sprintf("the pack at %04d", migrations.Latest())
-	res.Reproduced = reproducedOnRuntime(res.Upstream, cfg)
-	res.Fixed = res.Pack.LeaseLines == 0 && res.Pack.Status == "Completed" && res.Pack.CompletedAfterHold == 1
+	up, _ := res.Side(SideUpstream)
+	pack, _ := res.Side(SidePack)
+	res.Reproduced = reproducedOnRuntime(up, cfg)
+	res.Fixed = pack.clean()
 	return res, nil
 }
 
@@ -153,55 +173,66 @@ func reproducedOnRuntime(s RuntimeSide, cfg RuntimeConfig) bool {
 	return true
 }
 
-// holder is a session that takes and lets go of the instance's advisory
-// key: the same key upstream's fetch_orchestration_item takes
-// (pg_advisory_xact_lock(hashtext(instance_id))).
+// instanceKey reads, over conn, the advisory key (one-key space) a side's
+// fetch takes on instance in schema, and names it for people: upstream's
+// latest hashes the id alone; upstream's candidate and the pack (0029 on)
+// hash the schema's name, a dot and the id.
+func instanceKey(ctx context.Context, conn *pgx.Conn, side, schema, instance string) (key int64, text string, err error) {
+	if side == SideUpstream {
+		err = conn.QueryRow(ctx, "SELECT hashtext($1::text)::bigint", instance).Scan(&key)
+		return key, "hashtext(instance_id)", err
+	}
+	err = conn.QueryRow(ctx, "SELECT hashtext($1::text || '.' || $2::text)::bigint", schema, instance).Scan(&key)
+	return key, "hashtext('<schema>' || '.' || instance_id)", err
+}
+
+// holder is a session that takes and lets go of one advisory key, the key
+// the side's fetch takes on the instance.
 type holder struct {
 	conn *pgx.Conn
 	pid  uint32
+	key  int64
 }
 
-func openHolder(ctx context.Context, src *dbconn.Source) (*holder, error) {
-	conn, err := src.Connect(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("runtime repro: key holder: %w", err)
-	}
-	return &holder{conn: conn, pid: conn.PgConn().PID()}, nil
-}
-
-func (h *holder) lock(ctx context.Context, instance string) error {
-	_, err := h.conn.Exec(ctx, "SELECT pg_advisory_lock(hashtext($1))", instance)
+func (h *holder) lock(ctx context.Context) error {
+	_, err := h.conn.Exec(ctx, "SELECT pg_advisory_lock($1)", h.key)
 	return err
 }
 
-func (h *holder) unlock(ctx context.Context, instance string) error {
-	_, err := h.conn.Exec(ctx, "SELECT pg_advisory_unlock(hashtext($1))", instance)
+func (h *holder) unlock(ctx context.Context) error {
+	_, err := h.conn.Exec(ctx, "SELECT pg_advisory_unlock($1)", h.key)
 	return err
 }
 
-// runtimeSide runs the real runtime on schema (one orchestration dispatcher,
-// one worker) while two holder sessions take the instance's key in turn:
-// each queues on it behind the runtime's waiting fetch, so the fetch gets
-// the key between two holds, as it would behind a convoy.
-func runtimeSide(ctx context.Context, src *dbconn.Source, p *upstream.Provider, schema string, cfg RuntimeConfig) (RuntimeSide, error) {
-	side := RuntimeSide{Schema: schema}
+// runtimeSide runs the real runtime on side's schema (one orchestration
+// dispatcher, one worker) while two holder sessions take the instance's
+// key in turn: each queues on it behind the runtime's waiting fetch, so the
+// fetch gets the key between two holds, as it would behind a convoy.
+func runtimeSide(ctx context.Context, src *dbconn.Source, p *upstream.Provider, s Side, cfg RuntimeConfig) (RuntimeSide, error) {
+	side := RuntimeSide{Side: s.Key, Schema: s.Schema, Made: s.Made}
+	schema := s.Schema
 	instance := "repro-runtime-" + schema
 	var hs [2]*holder
 	for i := range hs {
-		h, err := openHolder(ctx, src)
+		conn, err := src.Connect(ctx)
 		if err != nil {
-			return side, err
+			return side, fmt.Errorf("runtime repro: key holder: %w", err)
 		}
-		defer h.conn.Close(context.Background())
-		hs[i] = h
+		defer conn.Close(context.Background())
+		key, text, err := instanceKey(ctx, conn, s.Key, schema, instance)
+		if err != nil {
+			return side, fmt.Errorf("runtime repro: the key of %s: %w", instance, err)
+		}
+		side.HeldKey = text
+		hs[i] = &holder{conn: conn, pid: conn.PgConn().PID(), key: key}
 	}
 	qschema := pgx.Identifier{schema}.Sanitize()
 	waiting := func(ctx context.Context, h *holder) (bool, error) {
 		var n int
 		err := h.conn.QueryRow(ctx, `SELECT count(*) FROM pg_locks
 			WHERE locktype = 'advisory' AND NOT granted AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
-			  AND objid = (hashtext($1)::bigint & 4294967295)::oid AND pid <> ALL($2)`,
-			instance, []int64{int64(hs[0].pid), int64(hs[1].pid)}).Scan(&n)
+			  AND objsubid = 1 AND objid = ($1::bigint & 4294967295)::oid AND pid <> ALL($2)`,
+			h.key, []int64{int64(hs[0].pid), int64(hs[1].pid)}).Scan(&n)
 		return n > 0, err
 	}
 	completed := func(ctx context.Context, h *holder) (bool, error) {
@@ -218,7 +249,7 @@ func runtimeSide(ctx context.Context, src *dbconn.Source, p *upstream.Provider, 
 		err := h.conn.QueryRow(ctx, "SELECT coalesce(max(attempt_count), -1) FROM "+qschema+".orchestrator_queue WHERE instance_id = $1", instance).Scan(&n)
 		return n, err
 	}
-	if err := hs[0].lock(ctx, instance); err != nil {
+	if err := hs[0].lock(ctx); err != nil {
 		return side, fmt.Errorf("runtime repro: take the key: %w", err)
 	}
 	acquired := time.Now()
@@ -251,7 +282,7 @@ func runtimeSide(ctx context.Context, src *dbconn.Source, p *upstream.Provider, 
 				if w {
 					waited = true
 					queued = make(chan error, 1)
-					go func() { queued <- next.lock(ctx, instance) }()
+					go func() { queued <- next.lock(ctx) }()
 				}
 			}
 			time.Sleep(50 * time.Millisecond)
@@ -261,7 +292,7 @@ func runtimeSide(ctx context.Context, src *dbconn.Source, p *upstream.Provider, 
 			return side, fmt.Errorf("runtime repro: attempt_count: %w", err)
 		}
 		side.Holds = append(side.Holds, RuntimeHold{HeldMs: time.Since(acquired).Milliseconds(), FetchWaited: waited, AttemptCount: n})
-		if err := h.unlock(ctx, instance); err != nil {
+		if err := h.unlock(ctx); err != nil {
 			return side, fmt.Errorf("runtime repro: let go of the key: %w", err)
 		}
 		last := hold == cfg.Holds-1
@@ -279,13 +310,13 @@ func runtimeSide(ctx context.Context, src *dbconn.Source, p *upstream.Provider, 
 				break
 			}
 			queued = make(chan error, 1)
-			go func() { queued <- next.lock(ctx, instance) }()
+			go func() { queued <- next.lock(ctx) }()
 		}
 		if err := <-queued; err != nil {
 			return side, fmt.Errorf("runtime repro: take the key again: %w", err)
 		}
 		if last {
-			if err := next.unlock(ctx, instance); err != nil {
+			if err := next.unlock(ctx); err != nil {
 				return side, err
 			}
 			break
@@ -325,15 +356,26 @@ func runtimeSide(ctx context.Context, src *dbconn.Source, p *upstream.Provider, 
 	return side, nil
 }
 
-// PrintRuntime writes what the runtime repro is, then its table.
+// PrintRuntime writes what the runtime repro is, then its table, one
+// column per side.
 func PrintRuntime(w io.Writer, r RuntimeResult) error {
-	fmt.Fprintf(w, "runtime repro: the real duroxide runtime (%s), one orchestration of one turn; another session holds its instance's advisory key %v at a time, %d times: the deterministic form (a held key standing in for the convoy ahead of it); the runtime's orchestration lock timeout is its default, %v\n\n",
-		r.Addon, time.Duration(r.HoldMs)*time.Millisecond, len(r.Upstream.Holds), time.Duration(r.LockTimeoutMs)*time.Millisecond)
+	holds := 0
+	if len(r.Sides) > 0 {
+		holds = len(r.Sides[0].Holds)
+	}
+	fmt.Fprintf(w, "runtime repro, held-key form: the real duroxide runtime (%s), one orchestration of one turn; another session holds the advisory key the side's fetch takes on its instance, %v at a time, up to %d times: the deterministic form (a held key standing in for the convoy ahead of it); the runtime's orchestration lock timeout is its default, %v\n\n",
+		r.Addon, time.Duration(r.HoldMs)*time.Millisecond, holds, time.Duration(r.LockTimeoutMs)*time.Millisecond)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	row := func(name string, f func(RuntimeSide) string) {
-		fmt.Fprintf(tw, "%s\t%s\t%s\n", name, f(r.Upstream), f(r.Pack))
+		cells := []string{name}
+		for _, s := range r.Sides {
+			cells = append(cells, f(s))
+		}
+		fmt.Fprintln(tw, strings.Join(cells, "\t"))
 	}
-	row("schema", func(s RuntimeSide) string { return s.Schema + ": " + s.Made })
+	row("", func(s RuntimeSide) string { return s.Side })
+	row("schema", func(s RuntimeSide) string { return s.Schema })
+	row("key held", func(s RuntimeSide) string { return s.HeldKey })
 	row("a runtime fetch queued on the key, per hold", func(s RuntimeSide) string {
 		var parts []string
 		for _, h := range s.Holds {
@@ -369,9 +411,13 @@ func PrintRuntime(w io.Writer, r RuntimeResult) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	for _, s := range []RuntimeSide{r.Upstream, r.Pack} {
+	fmt.Fprintln(w)
+	for _, s := range r.Sides {
+		fmt.Fprintf(w, "  %s: %s\n", s.Side, s.Made)
+	}
+	for _, s := range r.Sides {
 		for _, l := range s.Sample {
-			fmt.Fprintf(w, "  %s: %s\n", s.Schema, l)
+			fmt.Fprintf(w, "  %s: %s\n", s.Side, l)
 		}
 	}
 	verdict := "NOT REPRODUCED on upstream"
@@ -382,6 +428,9 @@ func PrintRuntime(w io.Writer, r RuntimeResult) error {
 		verdict += ", fixed on the pack"
 	} else {
 		verdict += ", NOT FIXED on the pack"
+	}
+	if c, ok := r.Side(SideCandidate); ok {
+		verdict += "; upstream's candidate " + choose(c.clean(), "skips the held key and completes once it is free (reported)", "does NOT complete cleanly (reported)")
 	}
 	_, err := fmt.Fprintf(w, "\nverdict: %s\n", verdict)
 	return err

@@ -8,9 +8,9 @@ import (
 )
 
 func runtimeSides() (up, pack RuntimeSide) {
-	up = RuntimeSide{Schema: "u", Holds: []RuntimeHold{{7000, true, 0}, {7000, true, 1}, {7000, true, 2}},
+	up = RuntimeSide{Side: SideUpstream, Schema: "u", HeldKey: "hashtext(instance_id)", Holds: []RuntimeHold{{7000, true, 0}, {7000, true, 1}, {7000, true, 2}},
 		RefusedTurns: 3, LeaseLines: 12, Status: "Completed"}
-	pack = RuntimeSide{Schema: "p", Holds: []RuntimeHold{{7000, false, 0}}, CompletedAfterHold: 1, Status: "Completed"}
+	pack = RuntimeSide{Side: SidePack, Schema: "p", HeldKey: "hashtext('<schema>' || '.' || instance_id)", Holds: []RuntimeHold{{7000, false, 0}}, CompletedAfterHold: 1, Status: "Completed"}
 	return up, pack
 }
 
@@ -39,11 +39,14 @@ func TestRuntimeConfigRefusesAHoldWithinTheLockTimeout(t *testing.T) {
 
 func TestRuntimePrintSaysTheFormAndTheVerdict(t *testing.T) {
 	up, pack := runtimeSides()
-	r := RuntimeResult{Addon: "addon", HoldMs: 7000, LockTimeoutMs: 5000, Upstream: up, Pack: pack, Reproduced: true, Fixed: true}
+	candidate := pack
+	candidate.Side, candidate.Schema = SideCandidate, "c"
+	r := RuntimeResult{Addon: "addon", HoldMs: 7000, LockTimeoutMs: 5000, Sides: []RuntimeSide{up, candidate, pack}, Reproduced: true, Fixed: true}
 	var b bytes.Buffer
 	require.NoError(t, PrintRuntime(&b, r))
 	for _, want := range []string{"the deterministic form", "yes yes yes", "0 1 2", "after hold 1", "only once the key was let go",
-		"verdict: reproduced on upstream, fixed on the pack"} {
+		"hashtext(instance_id)", "hashtext('<schema>' || '.' || instance_id)",
+		"verdict: reproduced on upstream, fixed on the pack; upstream's candidate skips the held key and completes once it is free (reported)"} {
 		require.Contains(t, b.String(), want)
 	}
 	r.Fixed = false

@@ -33,21 +33,21 @@ func rowsOf[T any](values []T, defs []rowDef[T]) [][]string {
 }
 
 // sideBySide is the table of runs: a header naming each run ("v19
-// (organic_v19)"), then one row per def.
+// (worker_v19)", "upstream (organic_upstream)"), then one row per def.
 func sideBySide[S, E any](runs []Run[S, E], defs []rowDef[S]) (header []string, rows [][]string) {
 	header = []string{""}
 	var summaries []S
 	for _, r := range runs {
-		header = append(header, fmt.Sprintf("v%d (%s)", r.Version, r.Schema))
+		header = append(header, fmt.Sprintf("%s (%s)", r.Label(), r.Schema))
 		summaries = append(summaries, r.Summary)
 	}
 	return header, rowsOf(summaries, defs)
 }
 
 // printSideBySide writes a scenario's table as aligned text, then its
-// verdict v between the versions bug and fix, then settings (a line of
+// verdict v between the runs named bug and fix, then settings (a line of
 // text).
-func printSideBySide(w io.Writer, header []string, rows [][]string, v Verdict, bug, fix int, settings string) error {
+func printSideBySide(w io.Writer, header []string, rows [][]string, v Verdict, bug, fix string, settings string) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, strings.Join(header, "\t"))
 	for _, r := range rows {
@@ -57,7 +57,7 @@ func printSideBySide(w io.Writer, header []string, rows [][]string, v Verdict, b
 	if v.OK {
 		verdict = "ok"
 	}
-	fmt.Fprintf(tw, "verdict\treproduced at %d: %v\tclean at %d: %v\t(%s)\n", bug, v.Reproduced, fix, v.Fixed, verdict)
+	fmt.Fprintf(tw, "verdict\treproduced at %s: %v\tclean at %s: %v\t(%s)\n", bug, v.Reproduced, fix, v.Fixed, verdict)
 	fmt.Fprintf(tw, "settings\t%s\n", settings)
 	return tw.Flush()
 }
@@ -72,8 +72,8 @@ func writeMarkdownTable(b *strings.Builder, header []string, rows [][]string) {
 
 // writeVerdictMarkdown writes the checks of v as a Markdown section, then
 // whether the bug showed at bug and the fix was clean at fix.
-func writeVerdictMarkdown(b *strings.Builder, v Verdict, bug, fix int) {
-	b.WriteString("### Verdict\n\n| version | criterion | want | got | pass |\n|---|---|---|---|---|\n")
+func writeVerdictMarkdown(b *strings.Builder, v Verdict, bug, fix string) {
+	b.WriteString("### Verdict\n\n| run | criterion | want | got | pass |\n|---|---|---|---|---|\n")
 	for _, c := range v.Checks {
 		pass := "yes"
 		switch {
@@ -82,9 +82,9 @@ func writeVerdictMarkdown(b *strings.Builder, v Verdict, bug, fix int) {
 		case !c.Pass:
 			pass = "**NO**"
 		}
-		fmt.Fprintf(b, "| %d | %s | %s | %s | %s |\n", c.Version, c.Name, c.Want, mdCell(c.Got), pass)
+		fmt.Fprintf(b, "| %s | %s | %s | %s | %s |\n", runLabel(c.Version, c.Side), c.Name, c.Want, mdCell(c.Got), pass)
 	}
-	fmt.Fprintf(b, "\nReproduced at %d: **%v**. Clean at %d: **%v**.\n", bug, v.Reproduced, fix, v.Fixed)
+	fmt.Fprintf(b, "\nReproduced at %s: **%v**. Clean at %s: **%v**.\n", bug, v.Reproduced, fix, v.Fixed)
 }
 
 // countAndMs is a count with the longest time of what it counts: "0", or
@@ -104,13 +104,17 @@ func mdCell(s string) string {
 	return s
 }
 
-// versionList is "19 and 20": the versions of runs.
-func versionList[S, E any](runs []Run[S, E]) string {
+// runList is "v19 and v28", or "upstream, candidate and pack": the runs'
+// labels.
+func runList[S, E any](runs []Run[S, E]) string {
 	var vs []string
 	for _, r := range runs {
-		vs = append(vs, fmt.Sprint(r.Version))
+		vs = append(vs, r.Label())
 	}
-	return strings.Join(vs, " and ")
+	if len(vs) < 2 {
+		return strings.Join(vs, "")
+	}
+	return strings.Join(vs[:len(vs)-1], ", ") + " and " + vs[len(vs)-1]
 }
 
 // pairResult is a minimal repro's result at one version: whether it shows

@@ -262,23 +262,25 @@ func runWorkerVersion(ctx context.Context, src *dbconn.Source, version int, sche
 // the fix.
 func judgeWorker(runs []workerRun) WorkerVerdict {
 	_, fix := WorkerVersions()
-	j := newJudgement(fix)
+	j := newJudgement()
 	for _, r := range runs {
 		s := r.Summary
-		if j.buggy(r.Version) {
-			j.add(r.Version, "leases returned", fmt.Sprintf(">= %d", minWorkerBugLeases), fmt.Sprint(s.Fetches), s.Fetches >= minWorkerBugLeases, false)
-			j.add(r.Version, "refused ack_worker calls or blocked session fetches", ">= 1",
+		rl := versionRole(r.Version, fix)
+		add := j.run(rl, r.Version, r.Side)
+		if rl == bugRole {
+			add("leases returned", fmt.Sprintf(">= %d", minWorkerBugLeases), fmt.Sprint(s.Fetches), s.Fetches >= minWorkerBugLeases, false)
+			add("refused ack_worker calls or blocked session fetches", ">= 1",
 				fmt.Sprintf("%d refused, %d blocked", s.RefusedAcks, s.BlockedFetches), s.RefusedAcks+s.BlockedFetches >= 1, false)
-			j.add(r.Version, "leases dead at return (advisory)", ">= 1", fmt.Sprintf("%d of %d", s.DeadAtReturn, s.Fetches), s.DeadAtReturn >= 1, true)
-			j.add(r.Version, "items conserved (advisory)", "ok", r.Conservation, r.Conservation == "ok", true)
+			add("leases dead at return (advisory)", ">= 1", fmt.Sprintf("%d of %d", s.DeadAtReturn, s.Fetches), s.DeadAtReturn >= 1, true)
+			add("items conserved (advisory)", "ok", r.Conservation, r.Conservation == "ok", true)
 			continue
 		}
-		j.add(r.Version, "leases returned", fmt.Sprintf(">= %d", minWorkerFixLeases), fmt.Sprint(s.Fetches), s.Fetches >= minWorkerFixLeases, false)
-		j.add(r.Version, "refused ack_worker calls", "0", fmt.Sprint(s.RefusedAcks), s.RefusedAcks == 0, false)
-		j.add(r.Version, "blocked session fetches", "0", fmt.Sprintf("%d (max %d ms)", s.BlockedFetches, s.MaxBlockedMs), s.BlockedFetches == 0, false)
-		j.add(r.Version, "leases dead at return", "0", fmt.Sprintf("%d of %d", s.DeadAtReturn, s.Fetches), s.DeadAtReturn == 0, false)
-		j.add(r.Version, "items delivered twice", "0", fmt.Sprint(s.DeliveredTwice), s.DeliveredTwice == 0, false)
-		j.add(r.Version, "items conserved", "ok", r.Conservation, r.Conservation == "ok", false)
+		add("leases returned", fmt.Sprintf(">= %d", minWorkerFixLeases), fmt.Sprint(s.Fetches), s.Fetches >= minWorkerFixLeases, false)
+		add("refused ack_worker calls", "0", fmt.Sprint(s.RefusedAcks), s.RefusedAcks == 0, false)
+		add("blocked session fetches", "0", fmt.Sprintf("%d (max %d ms)", s.BlockedFetches, s.MaxBlockedMs), s.BlockedFetches == 0, false)
+		add("leases dead at return", "0", fmt.Sprintf("%d of %d", s.DeadAtReturn, s.Fetches), s.DeadAtReturn == 0, false)
+		add("items delivered twice", "0", fmt.Sprint(s.DeliveredTwice), s.DeliveredTwice == 0, false)
+		add("items conserved", "ok", r.Conservation, r.Conservation == "ok", false)
 	}
 	return j.verdict()
 }
@@ -327,7 +329,7 @@ func printWorkerTable(w io.Writer, res WorkerResult) error {
 		lock += fmt.Sprintf(" (uncontended cycle %.1f ms)", c.CycleMs)
 	}
 	bug, fix := WorkerVersions()
-	err := printSideBySide(w, header, rows, res.Verdict, bug, fix,
+	err := printSideBySide(w, header, rows, res.Verdict, runLabel(bug, ""), runLabel(fix, ""),
 		fmt.Sprintf("%d runtimes x %d slots, %d items, %d sessions, %s, clocks -%d..+%d ms, %.0f s per version",
 			s.Runtimes, s.Slots, s.Items, s.Sessions, lock, s.SkewBehindMs, s.SkewAheadMs, s.DurationS))
 	if err != nil {
@@ -335,7 +337,7 @@ func printWorkerTable(w io.Writer, res WorkerResult) error {
 	}
 	for _, c := range res.Verdict.Checks {
 		if !c.Pass && !c.Advisory {
-			fmt.Fprintf(w, "  failed: v%d %s: want %s, got %s\n", c.Version, c.Name, c.Want, c.Got)
+			fmt.Fprintf(w, "  failed: %s %s: want %s, got %s\n", runLabel(c.Version, c.Side), c.Name, c.Want, c.Got)
 		}
 	}
 	return nil
@@ -346,7 +348,7 @@ func printWorkerTable(w io.Writer, res WorkerResult) error {
 func workerMarkdown(res WorkerResult) string {
 	var b strings.Builder
 	s := res.Settings
-	fmt.Fprintf(&b, "## Worker scenario: simulated activity workers at versions %s\n\n", versionList(res.Runs))
+	fmt.Fprintf(&b, "## Worker scenario: simulated activity workers at versions %s\n\n", runList(res.Runs))
 	fmt.Fprintf(&b, "%d runtimes of %d worker slots (one connection and session owner each; per runtime a renew_session_lock loop "+
 		"and cleanup_orphaned_sessions), a backlog of %d activities kept full, over %d sessions, tagged: %v; lock timeout %d ms, "+
 		"session lock timeout %d ms; activities up to %d ms, one in %d long (%d-%d ms, renewed with renew_work_item_lock); "+
@@ -366,7 +368,7 @@ func workerMarkdown(res WorkerResult) string {
 			r.Summary.DeadAtReturn, TextHistogram(r.Histogram, 40))
 	}
 	bug, fix := WorkerVersions()
-	writeVerdictMarkdown(&b, res.Verdict, bug, fix)
+	writeVerdictMarkdown(&b, res.Verdict, runLabel(bug, ""), runLabel(fix, ""))
 	return b.String()
 }
 
