@@ -27,6 +27,7 @@ import (
 	"github.com/duroxide-pg/migrations/internal/sim/orch"
 	"github.com/duroxide-pg/migrations/internal/sim/repro"
 	"github.com/duroxide-pg/migrations/internal/testenv/testdb"
+	"github.com/duroxide-pg/migrations/internal/testenv/upstream"
 )
 
 // candidateState is a start state holding an unreleased upstream fetch.
@@ -262,4 +263,25 @@ func TestNoPackFunctionTakesAnUnscopedInstanceKey(t *testing.T) {
 		}
 	}
 	require.Equal(t, 3, keys, "the fetch's key and the heads' two (offer, refresh)")
+}
+
+// The minimal repro on every side, the amended candidate included: the
+// bug where the lease comes from the caller's timestamp (upstream, its
+// candidate), a full lease where it does not (the pack, the amendment).
+func TestMinimalReproOnEverySide(t *testing.T) {
+	t.Parallel()
+	p := upstream.Require(t)
+	ctx := context.Background()
+	db := dbs.New(t, 0)
+	sides, err := repro.MakeSides(ctx, db.Source, p, "sides", []string{repro.SideUpstream, repro.SideCandidate, repro.SidePack, repro.SideAmended})
+	require.NoError(t, err)
+	results, err := repro.RunMinimal(ctx, db.Source, sides)
+	require.NoError(t, err)
+	require.True(t, repro.MinimalVerdict(results), "%+v", results)
+	for _, r := range results {
+		t.Logf("%s: %+d ms left at return, ack ok %v", r.Side, r.RemainingMs, r.AckOK)
+		if r.Side == repro.SideAmended {
+			require.True(t, r.Fixed(), "the amendment hands out a full lease: %+v", r)
+		}
+	}
 }

@@ -207,7 +207,7 @@ func organicMarkdown(res OrganicResult, histogramFile string) string {
 		"call, so its age is the whole call including every wait; upstream's candidate carries p_now_ms forward by the time spent "+
 		"in the call up to the claim, so its age is the rest of the call (loading the history) and the delivery; at the pack it "+
 		"starts when the function is done, so its age is the time to deliver the row (serialise, send, parse the history) plus "+
-		"any scheduling stall. Upstream's candidate is reported, not judged.\n")
+		"any scheduling stall. Upstream's candidate (and it amended) is reported, not judged.\n")
 	b.WriteString("\n\"Dead on arrival\": the lease's locked_until was already at or before the caller's clock " +
 		"when the row reached the caller (or the lease had already been taken over before it could be read: " +
 		"dead at return when that read failed, expired in delivery when it ran, since a takeover needs the lease to " +
