@@ -62,7 +62,7 @@ func setupRepro(ctx context.Context, env *env, dsn string, versions []int64) (*r
 func (s *reproSetup) close() { _ = s.srv.Close(context.Background()) }
 
 // reproUsage is the repro command's synopsis.
-const reproUsage = "usage: harness repro [minimal|organic|worker-minimal|worker|runtime|all] [--sides upstream,candidate,pack] [--worker-versions BUG,FIX] [--json FILE] [--report DIR] [--dsn DSN]"
+const reproUsage = "usage: harness repro [minimal|organic|worker-minimal|worker|runtime|all] [--sides upstream,candidate,pack] [--form held-key|pool|all] [--worker-versions BUG,FIX] [--json FILE] [--report DIR] [--dsn DSN]"
 
 // reproKinds are the repros, in the order `all` runs them.
 func reproKinds() []string { return repro.Kinds() }
@@ -96,6 +96,11 @@ func runRepro(ctx context.Context, env *env, args []string) error {
 	rdef := repro.RuntimeDefaults()
 	runtimeHold := fs.Duration("runtime-hold", rdef.Hold, fmt.Sprintf("runtime: how long another session holds the instance's advisory key each time (above the runtime's %v lock timeout)", repro.RuntimeLockTimeout))
 	runtimeHolds := fs.Int("runtime-holds", rdef.Holds, "runtime: how many times it holds the key (11 passes the runtime's poison threshold)")
+	form := fs.String("form", runtimeFormAll, "runtime: the form to run: held-key (another session holds the instance's advisory key), pool (another session makes the runtime's pooled connections wait; no advisory lock), or all")
+	pdef := repro.RuntimePoolDefaults()
+	poolHold := fs.Duration("pool-hold", pdef.Hold, fmt.Sprintf("runtime pool form: how long another session holds worker_queue's table lock each time (above the runtime's %v lock timeout, below the pool's %v acquire timeout)", repro.RuntimeLockTimeout, repro.PoolAcquireTimeout))
+	poolHolds := fs.Int("pool-holds", pdef.Holds, "runtime pool form: how many times it holds the lock")
+	poolOrchestrations := fs.Int("pool-orchestrations", pdef.Orchestrations, "runtime pool form: the backlog of orchestrations, each waiting for an event raised at once")
 	pos, err := parse(fs, args)
 	if err != nil {
 		return err
@@ -114,8 +119,18 @@ func runRepro(ctx context.Context, env *env, args []string) error {
 	if which != "all" && !runs[which] {
 		return usagef("unknown repro %q: use minimal, organic, worker-minimal, worker, runtime or all", which)
 	}
+	if !slices.Contains(runtimeForms(), *form) {
+		return usagef("--form %q: use %s", *form, strings.Join(runtimeForms(), ", "))
+	}
+	runs["runtime-held-key"] = runs["runtime"] && (*form == runtimeFormHeldKey || *form == runtimeFormAll)
+	runs["runtime-pool"] = runs["runtime"] && (*form == runtimeFormPool || *form == runtimeFormAll)
 	runtimeCfg := repro.RuntimeConfig{Hold: *runtimeHold, Holds: *runtimeHolds}
 	if err := runtimeCfg.Validate(); err != nil {
+		return usagef("%v", err)
+	}
+	poolCfg := pdef
+	poolCfg.Hold, poolCfg.Holds, poolCfg.Orchestrations = *poolHold, *poolHolds, *poolOrchestrations
+	if err := poolCfg.Validate(); err != nil {
 		return usagef("%v", err)
 	}
 	sides, err := parseSides(*sidesFlag)
@@ -200,10 +215,15 @@ func runRepro(ctx context.Context, env *env, args []string) error {
 			report.Worker = &res
 			return res.Verdict.OK, printed(err, func() error { return repro.PrintWorker(env.Stdout, res) })
 		}},
-		{"runtime", func() (bool, error) {
+		{"runtime-held-key", func() (bool, error) {
 			res, err := repro.RuntimeRepro(ctx, setup.db, provider, runtimeCfg, sides, progress)
 			report.Runtime = &res
 			return res.OK(), printed(err, func() error { return repro.PrintRuntime(env.Stdout, res) })
+		}},
+		{"runtime-pool", func() (bool, error) {
+			res, err := repro.RuntimePoolRepro(ctx, setup.db, provider, poolCfg, sides, progress)
+			report.RuntimePool = &res
+			return res.OK(), printed(err, func() error { return repro.PrintRuntimePool(env.Stdout, res) })
 		}},
 	}
 	section := false
@@ -219,7 +239,7 @@ func runRepro(ctx context.Context, env *env, args []string) error {
 		if err != nil {
 			return err
 		}
-		report.Verdict[strings.ReplaceAll(st.kind, "-", "_")] = verdict
+		report.Verdict[verdictKey(st.kind)] = verdict
 	}
 	if *reportDir != "" {
 		if err := report.Write(*reportDir); err != nil {
@@ -236,6 +256,25 @@ func runRepro(ctx context.Context, env *env, args []string) error {
 		return failure{"the repro did not show what it should (see the verdicts above)"}
 	}
 	return nil
+}
+
+// The runtime repro's forms (--form).
+const (
+	runtimeFormHeldKey = "held-key"
+	runtimeFormPool    = "pool"
+	runtimeFormAll     = "all"
+)
+
+func runtimeForms() []string { return []string{runtimeFormHeldKey, runtimeFormPool, runtimeFormAll} }
+
+// verdictKey is the key of a step's verdict in the report: the kind in
+// snake_case, the runtime repro's held-key form as "runtime" and its pool
+// form as "runtime_pool".
+func verdictKey(step string) string {
+	if step == "runtime-held-key" {
+		step = "runtime"
+	}
+	return strings.ReplaceAll(step, "-", "_")
 }
 
 // printed is err, or when the step succeeded what printing its result

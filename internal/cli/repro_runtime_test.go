@@ -16,11 +16,19 @@ func TestRuntimeReproUsageErrors(t *testing.T) {
 	for _, args := range [][]string{
 		{"repro", "runtime", "--runtime-hold", "5s"},
 		{"repro", "runtime", "--runtime-holds", "0"},
+		{"repro", "runtime", "--form", "pool", "--pool-hold", "5s"},
+		{"repro", "runtime", "--form", "pool", "--pool-hold", "30s"},
+		{"repro", "runtime", "--form", "pool", "--pool-holds", "0"},
+		{"repro", "runtime", "--form", "pool", "--pool-orchestrations", "10"},
 	} {
 		code, _, errOut := run(t, args...)
 		require.Equal(t, ExitUsage, code, "%v", args)
-		require.Contains(t, errOut, "runtime repro:")
+		require.Contains(t, errOut, "runtime ", "%v", args)
+		require.Contains(t, errOut, "repro:", "%v", args)
 	}
+	code, _, errOut := run(t, "repro", "runtime", "--form", "sideways")
+	require.Equal(t, ExitUsage, code)
+	require.Contains(t, errOut, `--form "sideways": use held-key, pool, all`)
 }
 
 // TestRuntimeReproShowsTheSymptomOnUpstreamOnly runs `harness repro
@@ -33,17 +41,22 @@ func TestRuntimeReproShowsTheSymptomOnUpstreamOnly(t *testing.T) {
 	upstream.Require(t)
 	srv := startServer(t)
 	out := filepath.Join(t.TempDir(), "repro.json")
-	code, stdout, stderr := run(t, "repro", "runtime", "--runtime-holds", "2", "--runtime-hold", "6s", "--sides", "upstream,candidate,pack,amended",
+	code, stdout, stderr := run(t, "repro", "runtime", "--form", "held-key", "--runtime-holds", "2", "--runtime-hold", "6s", "--sides", "upstream,candidate,pack,amended",
 		"--json", out, "--dsn", srv.DSN("postgres"))
 	require.Equal(t, exitOK, code, "stdout: %s\nstderr: %s", stdout, stderr)
 	require.Contains(t, stdout, "the deterministic form")
 	require.Contains(t, stdout, "verdict: reproduced on upstream, fixed on the pack")
+	require.NotContains(t, stdout, "pool-wait form", "--form held-key runs that form only")
 	raw, err := os.ReadFile(out)
 	require.NoError(t, err)
 	var report struct {
-		Runtime repro.RuntimeResult `json:"runtime"`
+		Runtime     repro.RuntimeResult      `json:"runtime"`
+		RuntimePool *repro.RuntimePoolResult `json:"runtime_pool"`
+		Verdict     map[string]bool          `json:"verdict"`
 	}
 	require.NoError(t, json.Unmarshal(raw, &report))
+	require.Equal(t, map[string]bool{"runtime": true}, report.Verdict)
+	require.Nil(t, report.RuntimePool)
 	r := report.Runtime
 	up, ok := r.Side(repro.SideUpstream)
 	require.True(t, ok)
@@ -57,5 +70,56 @@ func TestRuntimeReproShowsTheSymptomOnUpstreamOnly(t *testing.T) {
 		require.Zero(t, s.LeaseLines, key)
 		require.Equal(t, "Completed", s.Status, key)
 		require.Equal(t, 1, s.CompletedAfterHold, key)
+	}
+}
+
+// TestRuntimeReproPoolFormShowsTheSymptomWithNoAdvisoryLock runs `harness
+// repro runtime --form pool` with the real runtime on every side: two holds
+// of worker_queue's table lock of 6.5 s, 400 orchestrations (about a minute
+// here). The runtime's fetches wait for the pool's one connection with
+// their timestamps minted: upstream's latest and its candidate return
+// expired leases and the runtime's acks are refused; the pack's latest and
+// the amended candidate complete every orchestration with no line of the
+// lease kind.
+func TestRuntimeReproPoolFormShowsTheSymptomWithNoAdvisoryLock(t *testing.T) {
+	upstream.Require(t)
+	srv := startServer(t)
+	out := filepath.Join(t.TempDir(), "repro.json")
+	code, stdout, stderr := run(t, "repro", "runtime", "--form", "pool", "--pool-holds", "2", "--pool-orchestrations", "400",
+		"--sides", "upstream,candidate,pack,amended", "--json", out, "--dsn", srv.DSN("postgres"))
+	require.Equal(t, exitOK, code, "stdout: %s\nstderr: %s", stdout, stderr)
+	require.Contains(t, stdout, "pool-wait form")
+	require.NotContains(t, stdout, "the deterministic form", "--form pool runs that form only")
+	require.Contains(t, stdout, "verdict: reproduced on upstream and its candidate, fixed on the pack and the amended candidate")
+	raw, err := os.ReadFile(out)
+	require.NoError(t, err)
+	var report struct {
+		Runtime     *repro.RuntimeResult    `json:"runtime"`
+		RuntimePool repro.RuntimePoolResult `json:"runtime_pool"`
+		Verdict     map[string]bool         `json:"verdict"`
+	}
+	require.NoError(t, json.Unmarshal(raw, &report))
+	require.Equal(t, map[string]bool{"runtime_pool": true}, report.Verdict)
+	require.Nil(t, report.Runtime)
+	r := report.RuntimePool
+	require.Equal(t, 2, r.Settings.Holds)
+	require.Equal(t, 1, r.Settings.PoolMax)
+	require.Len(t, r.Sides, 4)
+	for _, s := range r.Sides {
+		require.Len(t, s.Holds, 2, s.Side)
+		require.Positive(t, s.SlowAcquires, "%s: a statement waited for the pool", s.Side)
+		require.Len(t, s.SlowAcquireMs, s.SlowAcquires, s.Side)
+		require.Greater(t, s.SlowAcquireMaxMs, repro.RuntimeLockTimeout.Milliseconds(), "%s: a wait longer than a lease", s.Side)
+	}
+	for _, key := range []string{repro.SideUpstream, repro.SideCandidate} {
+		s, _ := r.Side(key)
+		require.Positive(t, s.InvalidLockTokens, "%s: an ack refused on an expired lease", key)
+	}
+	for _, key := range []string{repro.SidePack, repro.SideAmended} {
+		s, _ := r.Side(key)
+		require.Zero(t, s.LeaseLines, key)
+		require.Equal(t, 400, s.Completed, key)
+		require.Zero(t, s.Wrong, key)
+		require.Equal(t, 2, s.HoldsDone, key)
 	}
 }

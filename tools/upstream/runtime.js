@@ -9,6 +9,10 @@
 //   {"dsn": "...", "schema": "...", "logFile": "/path",
 //    "runtime": {...JsRuntimeOptions...}, "timeoutMs": 120000,
 //    "prefix": "run1-", "scenarios": [{"name": "sequence"}, ...]}
+// A scenario may name a signalFile: the driver appends a JSON line to it
+// at each of the scenario's steps, for a caller timing its own actions to
+// the client's (eventBacklog). The provider's pool size is the process
+// environment's DUROXIDE_PG_POOL_MAX (duroxide-pg's default: 10).
 // The result (JSON on stdout) has one entry per scenario (status, output,
 // error, and what the client saw), the wall time, the turns the driver
 // ran and the runtime's metrics snapshot. The runtime's own log lines go,
@@ -117,6 +121,14 @@ const orchestrations = {
   // it is a turn that must ack).
   *Once(ctx, input) {
     return 'done: ' + input;
+  },
+  // Waits for the event "Go", after saying so in its custom status (set
+  // in the same commit as the subscription); its output is its input and
+  // the event's data: the pool-wait repro's backlog.
+  *Await(ctx, input) {
+    dx.orchestrationSetCustomStatus(ctx.instanceId, 'waiting');
+    const data = yield waitEvent('Go');
+    return input + ':' + data;
   },
   // Waits for an event nobody sends (until cancelled).
   *Forever(ctx) {
@@ -235,6 +247,19 @@ async function subscribed(client, id, deadline) {
     await sleep(20);
   }
   return false;
+}
+
+// signal appends one JSON line {"event", "atMs", ...} to file (a
+// scenario's signalFile: how the caller, which cannot see the client, learns
+// where the scenario stands). It never throws: a signal that cannot be
+// written is reported by its absence.
+function signal(file, event, extra) {
+  if (!file) return;
+  try {
+    fs.appendFileSync(file, JSON.stringify(Object.assign({ event, atMs: Date.now() }, extra || {})) + '\n');
+  } catch (_) {
+    // the caller sees no line and says so
+  }
 }
 
 const kinds = (history) => history.map((e) => e.kind);
@@ -356,6 +381,75 @@ const scenarios = {
     await client.startOrchestration(instance, 'Once', instance);
     const st = outcome(await waitDone(client, instance, timeoutMs));
     return Object.assign(st, { waitedMs: Date.now() - started });
+  },
+  // count instances of Await, each started and subscribed before any event
+  // is raised, then the events, one each ("Go", data = its index), in a
+  // burst, then a wait for every instance (the pool-wait repro: a backlog
+  // of ready orchestrations for a caller that makes the pool's connections
+  // wait meanwhile; the events' calls are made all at once, so they queue
+  // on the pool ahead of the dispatchers). signalFile, when given, gets a line as the instances
+  // have subscribed ("subscribed"), once every event is raised ("raised")
+  // and at the end ("done"). Completed means every instance completed with
+  // its expected output (its id, ":" and its index).
+  async eventBacklog(client, id, s, timeoutMs) {
+    const count = s.count || 100;
+    const deadline = Date.now() + timeoutMs;
+    const ids = [];
+    for (let i = 0; i < count; i++) ids.push(`${id}-${i}`);
+    const started = Date.now();
+    // One client call at a time until the events: with a pool of one or
+    // two connections, hundreds of concurrent calls would queue on it
+    // ahead of the dispatchers.
+    for (const x of ids) await client.startOrchestration(x, 'Await', x);
+    let subscribedCount = 0;
+    for (const x of ids) {
+      while (Date.now() < deadline) {
+        const st = await client.getStatus(x);
+        if (st.status === 'Running' && st.customStatus === 'waiting') {
+          subscribedCount++;
+          break;
+        }
+        if (st.status !== 'Running' && st.status !== 'NotFound') break;
+        await sleep(20);
+      }
+    }
+    const subscribedMs = Date.now() - started;
+    signal(s.signalFile, 'subscribed', { count: subscribedCount });
+    if (subscribedCount < count) {
+      return { status: 'Incomplete', count, subscribed: subscribedCount, completed: 0, wrong: 0, statuses: {}, subscribedMs };
+    }
+    // The events all at once: their calls queue on the pool ahead of the
+    // dispatchers' next fetches, so the backlog is whole once they return.
+    const raiseStarted = Date.now();
+    await Promise.all(ids.map((x, i) => client.raiseEvent(x, 'Go', String(i))));
+    const raisedMs = Date.now() - raiseStarted;
+    signal(s.signalFile, 'raised', { count, raisedMs });
+    // Wait for each in turn: one poller at a time, for the same reason.
+    let completed = 0;
+    let wrong = 0;
+    const statuses = {};
+    const wrongSample = [];
+    const notCompletedSample = [];
+    for (let i = 0; i < count; i++) {
+      const st = await waitDone(client, ids[i], Math.max(deadline - Date.now(), 1));
+      statuses[st.status] = (statuses[st.status] || 0) + 1;
+      if (st.status !== 'Completed') {
+        if (notCompletedSample.length < 3) notCompletedSample.push(Object.assign({ id: ids[i] }, outcome(st)));
+        continue;
+      }
+      completed++;
+      const want = ids[i] + ':' + i;
+      if (st.output !== want) {
+        wrong++;
+        if (wrongSample.length < 3) wrongSample.push({ id: ids[i], want, got: st.output });
+      }
+    }
+    signal(s.signalFile, 'done', { completed });
+    return {
+      status: completed === count && wrong === 0 ? 'Completed' : 'Incomplete',
+      count, subscribed: subscribedCount, completed, wrong, wrongSample, statuses, notCompletedSample,
+      subscribedMs, raisedMs, wallMs: Date.now() - started,
+    };
   },
 };
 

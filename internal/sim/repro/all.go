@@ -81,6 +81,7 @@ type Report struct {
 	WorkerMinimal []WorkerMinimalResult `json:"worker_minimal,omitempty"`
 	Worker        *WorkerResult         `json:"worker,omitempty"`
 	Runtime       *RuntimeResult        `json:"runtime,omitempty"`
+	RuntimePool   *RuntimePoolResult    `json:"runtime_pool,omitempty"`
 	Verdict       map[string]bool       `json:"verdict"`
 }
 
@@ -141,6 +142,9 @@ func (r Report) write(dir string) error {
 	}
 	if r.Runtime != nil {
 		sections = append(sections, runtimeMarkdown(*r.Runtime))
+	}
+	if r.RuntimePool != nil {
+		sections = append(sections, runtimePoolMarkdown(*r.RuntimePool))
 	}
 	if len(sections) == 0 {
 		return nil

@@ -50,6 +50,11 @@ type Scenario struct {
 	// Sequential starts the load's instances one after another, each once
 	// the one before has completed (scenario load only).
 	Sequential bool `json:"sequential,omitempty"`
+	// SignalFile is a file the scenario appends a JSON line to at each of
+	// its steps ({"event": ..., "atMs": ...}; scenario eventBacklog:
+	// "subscribed", "raised", "done"), so that a caller working against the
+	// runtime from outside can time its actions to the client's.
+	SignalFile string `json:"signalFile,omitempty"`
 }
 
 // Run is one run of the driver: one runtime process on one schema.
@@ -64,7 +69,14 @@ type Run struct {
 	// FinalState asks for the client's view of the whole database after
 	// every scenario (queue depths, system metrics).
 	FinalState bool
+	// PoolMax is the size of the provider's connection pool, passed to the
+	// driver's process as DUROXIDE_PG_POOL_MAX (0: the provider's default,
+	// 10, or whatever the environment already says).
+	PoolMax int
 }
+
+// envPoolMax is the variable duroxide-pg reads its pool size from.
+const envPoolMax = "DUROXIDE_PG_POOL_MAX"
 
 // Outcome is what the client saw of one scenario: status ("Completed",
 // "Failed", "Running", "DriverError", ...), output, error, and the
@@ -222,6 +234,10 @@ func (p *Provider) RunRuntime(ctx context.Context, src *dbconn.Source, run Run) 
 	defer cancel()
 	cmd := exec.CommandContext(ctx, p.node, driver, p.addon)
 	cmd.Stdin = bytes.NewReader(req)
+	if run.PoolMax > 0 {
+		// The rest of the environment as it is; a later entry wins.
+		cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%d", envPoolMax, run.PoolMax))
+	}
 	var stdout bytes.Buffer
 	stderr := newConnectedWriter()
 	cmd.Stdout = &stdout
