@@ -6,6 +6,7 @@ import (
 	"os/signal"
 	"syscall"
 
+	migrations "github.com/duroxide-pg/migrations"
 	"github.com/duroxide-pg/migrations/harness/ops/migrate"
 	"github.com/duroxide-pg/migrations/internal/testenv/pgtest"
 )
@@ -20,6 +21,9 @@ func runDB(ctx context.Context, env *env, args []string) error {
 	}
 	if len(pos) != 1 || pos[0] != "start" {
 		return usagef("usage: harness db start [--backend auto|local|dsn|docker] [--migrate N]")
+	}
+	if *migrateTo < 0 || *migrateTo > migrations.Latest() {
+		return usagef("--migrate %d: give a version of the pack, 1..%d, or 0 for none", *migrateTo, migrations.Latest())
 	}
 	opts := pgtest.OptionsFromEnv()
 	if *backend != "" {

@@ -36,11 +36,14 @@ func runMigrate(ctx context.Context, env *env, args []string) error {
 		}
 		v, err := strconv.ParseInt(*to, 10, 64)
 		if err != nil || v < 0 {
-			return usagef("--to %q is not a version number", *to)
+			return usagef("--to %q is not a version number: give a version of the pack (0 for down: everything)", *to)
 		}
 		version = v
 	}
 	if err := t.resolve(); err != nil {
+		return err
+	}
+	if err := t.checkTo(version, action == "down"); err != nil {
 		return err
 	}
 	// status, version and the check before down only read: goose's own

@@ -36,7 +36,7 @@ func runSQL(ctx context.Context, env *env, args []string) error {
 	case *to != "":
 		v, err := strconv.ParseInt(*to, 10, 64)
 		if err != nil || v < 0 {
-			return usagef("--to %q is not a version number", *to)
+			return usagef("--to %q is not a version number: give a version of the pack (0 for down: everything)", *to)
 		}
 		version = v
 	case down:
@@ -44,6 +44,11 @@ func runSQL(ctx context.Context, env *env, args []string) error {
 	}
 	if err := t.resolve(); err != nil {
 		return err
+	}
+	if *to != "" {
+		if err := t.checkTo(version, down); err != nil {
+			return err
+		}
 	}
 	if dir := t.cfg.MigrationsFS(); dir != nil {
 		// From a checkout, goose.yaml names its sql/: the same files as

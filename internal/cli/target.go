@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"flag"
 	"fmt"
 
 	"github.com/duroxide-pg/migrations/harness/ops/migrate"
@@ -15,14 +16,16 @@ import (
 // goose.yaml.
 type target struct {
 	configPath, dsn, env, schema, role string
-	cfg                                *config.Config
+	// schemaSet and roleSet: the flag was given (even as "").
+	schemaSet, roleSet bool
+	flags              *flag.FlagSet
+	cfg                *config.Config
 	// src is dsn, parsed by resolve: what everything below connects with.
 	src *dbconn.Source
 }
 
-func (t *target) register(fs interface {
-	StringVar(*string, string, string, string)
-}) {
+func (t *target) register(fs *flag.FlagSet) {
+	t.flags = fs
 	fs.StringVar(&t.configPath, "config", "", "settings file (default ./goose.yaml when present)")
 	fs.StringVar(&t.dsn, "dsn", "", "PostgreSQL DSN (postgres://user:pass@host:port/db)")
 	fs.StringVar(&t.env, "env", "", "environment name from goose.yaml instead of --dsn")
@@ -52,10 +55,40 @@ func (t *target) resolve() error {
 	if t.src, err = dbconn.Parse(t.dsn); err != nil {
 		return usagef("%s", oneLine(err.Error()))
 	}
-	for _, s := range []string{t.schema, envSchema, cfg.Schema, migrate.DefaultSchema} {
-		if s != "" {
-			t.schema = s
-			break
+	t.flags.Visit(func(f *flag.Flag) {
+		t.schemaSet = t.schemaSet || f.Name == "schema"
+		t.roleSet = t.roleSet || f.Name == "role"
+	})
+	// The first that is set; an explicit --schema "" is refused, not
+	// replaced.
+	schemaFrom := "--schema"
+	switch {
+	case t.schemaSet:
+	case envSchema != "":
+		t.schema, schemaFrom = envSchema, fmt.Sprintf("the schema of environment %s (goose.yaml)", t.env)
+	case cfg.Schema != "":
+		t.schema, schemaFrom = cfg.Schema, "the schema of goose.yaml"
+	default:
+		t.schema = migrate.DefaultSchema
+	}
+	return checkNames(schemaFrom, t.schema, t.role, t.roleSet, t.cfg.VersionTable)
+}
+
+// checkNames refuses, as bad input, a schema, role or version table name
+// the commands cannot act on as given (migrate.CheckName): before anything
+// connects.
+func checkNames(schemaFrom, schema, role string, roleSet bool, versionTable string) error {
+	if err := migrate.CheckName(schemaFrom, schema, false); err != nil {
+		return usagef("%v", err)
+	}
+	if roleSet || role != "" {
+		if err := migrate.CheckName("--role", role, true); err != nil {
+			return usagef("%v", err)
+		}
+	}
+	if versionTable != "" {
+		if err := migrate.CheckName("version_table (goose.yaml)", versionTable, false); err != nil {
+			return usagef("%v", err)
 		}
 	}
 	return nil
@@ -107,4 +140,29 @@ func (t *target) connect(ctx context.Context) (*sql.DB, error) {
 		return nil, unreachableError{usageError{fmt.Sprintf("cannot use %s: %s; check the DSN and that the server runs", t.src, oneLine(pgErrText(err)))}}
 	}
 	return db, nil
+}
+
+// checkTo refuses, before anything connects, a --to the pack does not
+// have: for up a version of the pack, for down one or 0 (everything
+// rolled back). version < 0 means no --to.
+func (t *target) checkTo(version int64, down bool) error {
+	if version < 0 || (down && version == 0) {
+		return nil
+	}
+	sources, err := migrate.Sources(t.cfg.MigrationsFS())
+	if err != nil {
+		return fmt.Errorf("read the pack's migrations: %w", err)
+	}
+	var latest int64
+	for _, src := range sources {
+		if src.Version == version {
+			return nil
+		}
+		latest = max(latest, src.Version)
+	}
+	allowed := fmt.Sprintf("a version of the pack, 1..%d", latest)
+	if down {
+		allowed += ", or 0 to roll back everything"
+	}
+	return usagef("--to %d: version %d does not exist; give %s", version, version, allowed)
 }

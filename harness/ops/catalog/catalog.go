@@ -29,12 +29,12 @@ SELECT jsonb_build_object(
  'tables', (SELECT coalesce(jsonb_agg(t ORDER BY t->>'name'), '[]') FROM (
    SELECT jsonb_build_object('name', c.relname,
      'columns', (SELECT jsonb_agg(jsonb_build_object('name', a.attname, 'type', format_type(a.atttypid, a.atttypmod), 'not_null', a.attnotnull,
-                    'default', replace(pg_get_expr(d.adbin, d.adrelid), $1::text||'.', '')) ORDER BY a.attnum)
+                    'default', replace(pg_get_expr(d.adbin, d.adrelid), quote_ident($1::text)||'.', '')) ORDER BY a.attnum)
                  FROM pg_attribute a LEFT JOIN pg_attrdef d ON d.adrelid=a.attrelid AND d.adnum=a.attnum
                  WHERE a.attrelid=c.oid AND a.attnum>0 AND NOT a.attisdropped),
-     'constraints', (SELECT coalesce(jsonb_agg(jsonb_build_object('name', co.conname, 'type', co.contype, 'def', replace(pg_get_constraintdef(co.oid), $1::text||'.', '')) ORDER BY co.conname), '[]')
+     'constraints', (SELECT coalesce(jsonb_agg(jsonb_build_object('name', co.conname, 'type', co.contype, 'def', replace(pg_get_constraintdef(co.oid), quote_ident($1::text)||'.', '')) ORDER BY co.conname), '[]')
                  FROM pg_constraint co WHERE co.conrelid=c.oid AND co.contype <> 'n'),
-     'indexes', (SELECT coalesce(jsonb_agg(jsonb_build_object('name', i.relname, 'def', replace(pg_get_indexdef(i.oid), n.nspname||'.', '')) ORDER BY i.relname), '[]')
+     'indexes', (SELECT coalesce(jsonb_agg(jsonb_build_object('name', i.relname, 'def', replace(pg_get_indexdef(i.oid), quote_ident(n.nspname)||'.', '')) ORDER BY i.relname), '[]')
                  FROM pg_index x JOIN pg_class i ON i.oid=x.indexrelid WHERE x.indrelid=c.oid)
    ) t
    FROM pg_class c JOIN pg_namespace n ON n.oid=c.relnamespace

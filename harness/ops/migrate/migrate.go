@@ -59,11 +59,17 @@ var ErrNoSuchVersion = errors.New("no such migration version")
 // refuses before changing anything.
 var ErrNeedsBaseline = errors.New("schema was created by duroxide-pg's own runner and is not adopted")
 
-// Open opens the runner's pool on the database of cfg (OpenDB), creates
-// the target schema if it does not exist and prepares a goose provider over
-// the pack's migrations. Close closes the pool.
+// Open opens the runner's pool on the database of cfg (OpenDB) and
+// prepares a goose provider over the pack's migrations; it refuses names
+// CheckName refuses before it connects. The target schema is created, if
+// it does not exist, by the first call that needs it, once its arguments
+// are checked: a refused call leaves no schema behind. Close closes the
+// pool.
 func Open(ctx context.Context, cfg *pgx.ConnConfig, opts Options) (*Runner, error) {
 	opts.Schema, opts.VersionTable = Names(opts.Schema, opts.VersionTable)
+	if err := opts.checkNames(); err != nil {
+		return nil, err
+	}
 	if opts.FS == nil {
 		opts.FS = migrations.FS
 	}
@@ -79,18 +85,6 @@ func Open(ctx context.Context, cfg *pgx.ConnConfig, opts Options) (*Runner, erro
 	}()
 	if _, err := CheckAdopted(ctx, db, opts.Schema, opts.VersionTable); err != nil {
 		return nil, err
-	}
-	// Only a missing schema is created: CREATE SCHEMA IF NOT EXISTS needs
-	// the CREATE right on the database even when the schema exists, which
-	// a schema owner does not always have.
-	var exists bool
-	if err := db.QueryRowContext(ctx, "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)", opts.Schema).Scan(&exists); err != nil {
-		return nil, fmt.Errorf("look for schema %s: %w", opts.Schema, err)
-	}
-	if !exists {
-		if _, err := db.ExecContext(ctx, "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{opts.Schema}.Sanitize()); err != nil {
-			return nil, fmt.Errorf("create schema %s: %w", opts.Schema, err)
-		}
 	}
 	locker, err := lock.NewPostgresSessionLocker(
 		lock.WithLockID(LockID(opts.Schema)),
@@ -111,6 +105,33 @@ func Open(ctx context.Context, cfg *pgx.ConnConfig, opts Options) (*Runner, erro
 	}
 	ok = true
 	return &Runner{db: db, provider: provider, schema: opts.Schema}, nil
+}
+
+// ensureSchema creates the runner's schema when it does not exist. Only a
+// missing schema is created: CREATE SCHEMA IF NOT EXISTS needs the CREATE
+// right on the database even when the schema exists, which a schema owner
+// does not always have.
+func (r *Runner) ensureSchema(ctx context.Context) error {
+	var exists bool
+	if err := r.db.QueryRowContext(ctx, "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)", r.schema).Scan(&exists); err != nil {
+		return fmt.Errorf("look for schema %s: %w", r.schema, err)
+	}
+	if exists {
+		return nil
+	}
+	if _, err := r.db.ExecContext(ctx, "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{r.schema}.Sanitize()); err != nil {
+		return fmt.Errorf("create schema %s: %w", r.schema, err)
+	}
+	return nil
+}
+
+// prepare checks the owner and creates the schema when missing: what every
+// call that runs goose does once its own arguments are checked.
+func (r *Runner) prepare(ctx context.Context) error {
+	if err := r.checkOwner(ctx); err != nil {
+		return err
+	}
+	return r.ensureSchema(ctx)
 }
 
 // checkOwner is CheckOwner on the runner's schema, before any change.
@@ -145,7 +166,7 @@ func (r *Runner) Close() error { return r.provider.Close() }
 
 // Up applies every pending migration.
 func (r *Runner) Up(ctx context.Context) ([]*goose.MigrationResult, error) {
-	if err := r.checkOwner(ctx); err != nil {
+	if err := r.prepare(ctx); err != nil {
 		return nil, err
 	}
 	res, err := r.provider.Up(ctx)
@@ -154,10 +175,10 @@ func (r *Runner) Up(ctx context.Context) ([]*goose.MigrationResult, error) {
 
 // UpTo applies pending migrations up to and including version.
 func (r *Runner) UpTo(ctx context.Context, version int64) ([]*goose.MigrationResult, error) {
-	if err := r.checkOwner(ctx); err != nil {
+	if err := r.checkVersion(version); err != nil {
 		return nil, err
 	}
-	if err := r.checkVersion(version); err != nil {
+	if err := r.prepare(ctx); err != nil {
 		return nil, err
 	}
 	res, err := r.provider.UpTo(ctx, version)
@@ -166,7 +187,7 @@ func (r *Runner) UpTo(ctx context.Context, version int64) ([]*goose.MigrationRes
 
 // Down rolls back the newest applied migration.
 func (r *Runner) Down(ctx context.Context) (*goose.MigrationResult, error) {
-	if err := r.checkOwner(ctx); err != nil {
+	if err := r.prepare(ctx); err != nil {
 		return nil, err
 	}
 	res, err := r.provider.Down(ctx)
@@ -175,13 +196,13 @@ func (r *Runner) Down(ctx context.Context) (*goose.MigrationResult, error) {
 
 // DownTo rolls back every migration newer than version (0 rolls back all).
 func (r *Runner) DownTo(ctx context.Context, version int64) ([]*goose.MigrationResult, error) {
-	if err := r.checkOwner(ctx); err != nil {
-		return nil, err
-	}
 	if version != 0 {
 		if err := r.checkVersion(version); err != nil {
 			return nil, err
 		}
+	}
+	if err := r.prepare(ctx); err != nil {
+		return nil, err
 	}
 	res, err := r.provider.DownTo(ctx, version)
 	return res, wrapErr(fmt.Sprintf("down to %d", version), err)
@@ -192,7 +213,7 @@ func (r *Runner) DownTo(ctx context.Context, version int64) ([]*goose.MigrationR
 // (the tests use it to take a fix back under a later port, as duroxide-pg's
 // runner can leave a database). Not for production use.
 func (r *Runner) ApplyVersion(ctx context.Context, version int64, up bool) error {
-	if err := r.checkOwner(ctx); err != nil {
+	if err := r.prepare(ctx); err != nil {
 		return err
 	}
 	_, err := r.provider.ApplyVersion(ctx, version, up)
@@ -201,12 +222,18 @@ func (r *Runner) ApplyVersion(ctx context.Context, version int64, up bool) error
 
 // Status lists every migration of the pack with its state in the database.
 func (r *Runner) Status(ctx context.Context) ([]*goose.MigrationStatus, error) {
+	if err := r.ensureSchema(ctx); err != nil {
+		return nil, err
+	}
 	st, err := r.provider.Status(ctx)
 	return st, wrapErr("status", err)
 }
 
 // Version is the newest applied version (0 when none).
 func (r *Runner) Version(ctx context.Context) (int64, error) {
+	if err := r.ensureSchema(ctx); err != nil {
+		return 0, err
+	}
 	v, err := r.provider.GetDBVersion(ctx)
 	return v, wrapErr("version", err)
 }
