@@ -13,12 +13,49 @@ import (
 	"time"
 
 	"github.com/duroxide-pg/migrations/harness/ops/doctor"
+	"github.com/duroxide-pg/migrations/harness/ops/migrate"
 )
 
 // runDoctor checks a duroxide schema (package doctor). Exit codes, for
 // monitoring: 0 ok, 1 warning, 2 critical (also when the database cannot be
 // reached or read: an unknown state is treated as critical), 64 bad input.
 func runDoctor(ctx context.Context, env *env, args []string) error {
+	err := doctorCommand(ctx, env, args)
+	var u usageError
+	if errors.As(err, &u) {
+		if schema, ok := prometheusAsked(args); ok {
+			// A monitoring job must not go silent on its own bad input: the
+			// metrics say critical, the exit status says bad input.
+			_ = (&doctor.Report{Schema: schema, Status: doctor.Critical}).WritePrometheus(env.Stdout)
+		}
+	}
+	return err
+}
+
+// prometheusAsked reports whether args ask for --format prometheus,
+// read word by word (they may not parse), and the schema they name
+// (migrate.DefaultSchema when none).
+func prometheusAsked(args []string) (schema string, ok bool) {
+	schema = migrate.DefaultSchema
+	for i, a := range args {
+		name, value, inline := strings.Cut(strings.TrimLeft(a, "-"), "=")
+		if !strings.HasPrefix(a, "-") {
+			continue
+		}
+		if !inline && i+1 < len(args) {
+			value = args[i+1]
+		}
+		switch name {
+		case "format":
+			ok = ok || value == "prometheus"
+		case "schema":
+			schema = value
+		}
+	}
+	return schema, ok
+}
+
+func doctorCommand(ctx context.Context, env *env, args []string) error {
 	fs := newFlags(env, "doctor")
 	var t target
 	t.register(fs)

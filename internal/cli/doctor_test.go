@@ -121,6 +121,22 @@ func TestDoctorWritesPrometheusTextForTheTextfileCollector(t *testing.T) {
 
 	code, _, errOut = runCmd(t, runDoctor, "--format", "yaml", "--dsn", latest.DSN)
 	require.Equal(t, ExitUsage, code, errOut)
+
+	// Bad input still writes the status a textfile collector reads: a
+	// cron job with a typo must not leave the metrics file empty.
+	for _, args := range [][]string{
+		{"--format", "prometheus", "--env", "no-such-environment", "--config", "/nonexistent/goose.yaml"},
+		{"--format=prometheus", "--dsn", latest.DSN, "--schema", "s", "--max-attempts", "0"},
+		{"--format", "prometheus", "--dsn", latest.DSN, "--no-such-flag"},
+		{"--dsn", "postgres://[::1", "--format", "prometheus", "--schema", "app"},
+	} {
+		code, out, errOut := runCmd(t, runDoctor, args...)
+		require.Equal(t, ExitUsage, code, "%v: %s", args, errOut)
+		require.Regexp(t, `duroxide_doctor_status\{schema="(duroxide|s|app)"\} 2\n`, out, "%v", args)
+	}
+	code, out, _ = runCmd(t, runDoctor, "--format", "json", "--max-attempts", "0", "--dsn", latest.DSN)
+	require.Equal(t, ExitUsage, code)
+	require.Empty(t, out, "only the prometheus format writes on bad input")
 }
 
 func TestDoctorWatchRewritesOneLineUntilStopped(t *testing.T) {
