@@ -12,6 +12,7 @@ import (
 	"context"
 	"database/sql"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -146,18 +147,31 @@ func TestRealRuntimeScenarios(t *testing.T) {
 	for _, s := range scenarios {
 		list = append(list, s.Scenario)
 	}
+	// One runtime process per schema, all at once: most of a run is the
+	// scenarios' timers and polls, which overlap.
 	results := map[string]*upstream.RuntimeResult{}
-	for _, schema := range schemas {
-		res, err := p.RunRuntime(context.Background(), src, upstream.Run{
-			Schema: schema.name,
-			Runtime: upstream.RuntimeOptions{OrchestrationConcurrency: 4, WorkerConcurrency: 8,
-				WorkerTagFilter: "defaultAnd", WorkerTagFilterTags: []string{"gpu"}},
-			Scenarios:  list,
-			Prefix:     "e2e-",
-			Wait:       90 * time.Second,
-			FinalState: true,
-		})
-		require.NoError(t, err, schema.name)
+	errs := make([]error, len(schemas))
+	runs := make([]*upstream.RuntimeResult, len(schemas))
+	var wg sync.WaitGroup
+	for i, schema := range schemas {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			runs[i], errs[i] = p.RunRuntime(context.Background(), src, upstream.Run{
+				Schema: schema.name,
+				Runtime: upstream.RuntimeOptions{OrchestrationConcurrency: 4, WorkerConcurrency: 8,
+					WorkerTagFilter: "defaultAnd", WorkerTagFilterTags: []string{"gpu"}},
+				Scenarios:  list,
+				Prefix:     "e2e-",
+				Wait:       90 * time.Second,
+				FinalState: true,
+			})
+		}()
+	}
+	wg.Wait()
+	for i, schema := range schemas {
+		require.NoError(t, errs[i], schema.name)
+		res := runs[i]
 		results[schema.name] = res
 		t.Logf("%s: %d turns in %d ms; WARN/ERROR by kind: %v", schema.name, res.Turns, res.RunMs, res.Tally())
 	}

@@ -264,10 +264,15 @@ for major in "${majors[@]}"; do
   rlog="$logdir/pg$major-repro.log"
   # Full: every repro (the organic one for its default 10 s per version: in 6 s,
   # attempt_count at 19 does not always pass max_attempts; the worker one for
-  # 5 s per version, well above its minimum sample sizes; the runtime's pool
-  # form with one hold and 200 orchestrations, about 15 s a side instead of
-  # 70); quick: the minimal one.
-  if [ "${MATRIX_TESTS:-full}" = quick ]; then repro_args=(minimal); else repro_args=(all --worker-duration 5s --pool-holds 1 --pool-orchestrations 200); fi
+  # 5 s per version, well above its minimum sample sizes; the runtime's
+  # held-key form with two holds of 6 s, as its command test does, and its
+  # pool form with one hold and 200 orchestrations, about 15 s a side instead
+  # of 70); quick: the minimal one.
+  if [ "${MATRIX_TESTS:-full}" = quick ]; then
+    repro_args=(minimal)
+  else
+    repro_args=(all --worker-duration 5s --runtime-holds 2 --runtime-hold 6s --pool-holds 1 --pool-orchestrations 200)
+  fi
   msg "PostgreSQL $server_ver: go run ./harness/cmd/harness repro ${repro_args[*]} (log: $rlog)"
   t2="$(now_ms)"
   # The repro is a timing demonstration on a shared machine: a stall longer

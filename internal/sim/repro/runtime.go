@@ -123,12 +123,7 @@ func (r RuntimeResult) OK() bool { return r.Reproduced && r.Fixed }
 
 // Side returns the side of key, if it ran.
 func (r RuntimeResult) Side(key string) (RuntimeSide, bool) {
-	for _, s := range r.Sides {
-		if s.Side == key {
-			return s, true
-		}
-	}
-	return RuntimeSide{}, false
+	return sideByKey(r.Sides, key, func(s RuntimeSide) string { return s.Side })
 }
 
 // RuntimeRepro makes the sides' schemas in src's database (MakeSides,

@@ -262,12 +262,7 @@ func (r RuntimePoolResult) OK() bool { return r.Reproduced && r.Fixed }
 
 // Side returns the side of key, if it ran.
 func (r RuntimePoolResult) Side(key string) (RuntimePoolSide, bool) {
-	for _, s := range r.Sides {
-		if s.Side == key {
-			return s, true
-		}
-	}
-	return RuntimePoolSide{}, false
+	return sideByKey(r.Sides, key, func(s RuntimePoolSide) string { return s.Side })
 }
 
 // judge sets the verdict from the sides: upstream and the pack must have

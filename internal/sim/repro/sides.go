@@ -32,6 +32,17 @@ type Side struct {
 	Made string `json:"made"`
 }
 
+// sideByKey returns the first of sides whose key (keyOf) is key.
+func sideByKey[S any](sides []S, key string, keyOf func(S) string) (S, bool) {
+	for _, s := range sides {
+		if keyOf(s) == key {
+			return s, true
+		}
+	}
+	var zero S
+	return zero, false
+}
+
 // Sides is the default comparison: upstream, candidate, pack.
 func Sides() []string { return []string{SideUpstream, SideCandidate, SidePack} }
 
