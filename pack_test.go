@@ -2,9 +2,13 @@ package migrations_test
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"testing"
+	"testing/fstest"
+
+	"github.com/stretchr/testify/require"
 
 	migrations "github.com/duroxide-pg/migrations"
 )
@@ -171,4 +175,40 @@ func TestEveryIntendedCostNamesAFunctionTheFixLeavesAlone(t *testing.T) {
 	if _, ok := migrations.IntendedCost("ack_worker", 26); ok {
 		t.Error("no fix up to 26 makes ack_worker slower")
 	}
+}
+
+func TestDigestChangesWithAnyFileAndOnlyWithTheFiles(t *testing.T) {
+	files := fstest.MapFS{
+		"0001_a.sql": {Data: []byte("-- +goose Up\nSELECT 1;\n")},
+		"0002_b.sql": {Data: []byte("-- +goose Up\nSELECT 2;\n")},
+		"README.md":  {Data: []byte("not a migration")},
+	}
+	d, n, err := migrations.Digest(files)
+	require.NoError(t, err)
+	require.Equal(t, 2, n)
+	require.Len(t, d, 64)
+
+	same := maps.Clone(files)
+	same["README.md"] = &fstest.MapFile{Data: []byte("another text")}
+	got, _, err := migrations.Digest(same)
+	require.NoError(t, err)
+	require.Equal(t, d, got, "only the .sql files count")
+
+	for name, change := range map[string]func(fstest.MapFS){
+		"a byte of a file": func(f fstest.MapFS) { f["0002_b.sql"] = &fstest.MapFile{Data: []byte("-- +goose Up\nSELECT 3;\n")} },
+		"a file renamed":   func(f fstest.MapFS) { f["0002_c.sql"] = f["0002_b.sql"]; delete(f, "0002_b.sql") },
+		"a file added":     func(f fstest.MapFS) { f["0003_c.sql"] = &fstest.MapFile{Data: nil} },
+		"a file removed":   func(f fstest.MapFS) { delete(f, "0001_a.sql") },
+	} {
+		f := maps.Clone(files)
+		change(f)
+		got, _, err := migrations.Digest(f)
+		require.NoError(t, err)
+		require.NotEqual(t, d, got, name)
+	}
+
+	d, n, err = migrations.Digest(migrations.FS)
+	require.NoError(t, err)
+	require.Len(t, d, 64)
+	require.EqualValues(t, migrations.Latest(), n, "the embedded pack: one file per version")
 }

@@ -75,6 +75,7 @@ func commands() []command {
 		{"bench", benchSummary, runBench},
 		{"soak", "fault-injection soak, exit 1 on any invariant violation: soak [--duration 5m] [--round 20s] [--dsn DSN] [--version N] [--seed N] [--no-restart] [--json FILE]", runSoak},
 		{"repro", "show the bugs before the pack's fixes and the fixes: " + strings.TrimPrefix(reproUsage, "usage: harness "), runRepro},
+		{"version", "the pack's version, the sha256 of the migrations built in, and the build: version [--config FILE]", runVersion},
 	}
 }
 

@@ -1,0 +1,42 @@
+package cli
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	migrations "github.com/duroxide-pg/migrations"
+)
+
+func TestVersionPrintsThePackTheDigestOfItsMigrationsAndADifferingDirectory(t *testing.T) {
+	digest, files, err := migrations.Digest(migrations.FS)
+	require.NoError(t, err)
+	latest, ok := migrations.ByVersion(migrations.Latest())
+	require.True(t, ok)
+
+	// Where goose.yaml names a copy of the pack: no note.
+	dir := t.TempDir()
+	sqlDir := filepath.Join(dir, "sql")
+	require.NoError(t, os.CopyFS(sqlDir, migrations.FS))
+	config := filepath.Join(dir, "goose.yaml")
+	require.NoError(t, os.WriteFile(config, []byte("migrations_dir: sql\n"), 0o644))
+	code, out, errOut := run(t, "version", "--config", config)
+	require.Equal(t, exitOK, code, errOut)
+	require.Contains(t, out, fmt.Sprintf("duroxide-pg-migrations pack %d (%s)\n", latest.Version, latest.File))
+	require.Contains(t, out, fmt.Sprintf("migrations sha256:%s (%d files, built in)\n", digest, files))
+	require.Contains(t, out, "built with go")
+	require.NotContains(t, out, "note:")
+
+	// Edited since the build: migrate would apply the edited file.
+	require.NoError(t, os.WriteFile(filepath.Join(sqlDir, latest.File), []byte("-- edited\n"), 0o644))
+	code, out, errOut = run(t, "version", "--config", config)
+	require.Equal(t, exitOK, code, errOut)
+	require.Contains(t, out, fmt.Sprintf("note: goose.yaml's migrations_dir sql is not the built-in pack (%s differs)", latest.File))
+
+	code, _, errOut = run(t, "version", "extra")
+	require.Equal(t, ExitUsage, code)
+	require.Contains(t, errOut, `version takes no arguments, got "extra"`)
+}
