@@ -2,12 +2,15 @@ package migrations_test
 
 import (
 	"context"
+	"encoding/json"
+	"slices"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/stretchr/testify/require"
 
+	"github.com/duroxide-pg/migrations/harness/ops/doctor"
 	"github.com/duroxide-pg/migrations/harness/ops/migrate"
 	"github.com/duroxide-pg/migrations/internal/testenv/pgtest"
 	"github.com/duroxide-pg/migrations/internal/testenv/testdb"
@@ -76,4 +79,40 @@ func probeRaw(t *testing.T, dsn string) string {
 	evidence, err := migrate.SessionsShared(ctx, db)
 	require.NoError(t, err)
 	return evidence
+}
+
+// doctor names its schema in every statement and sets no search_path at
+// connection start: a monitoring job pointed at PgBouncer in transaction
+// mode (which refuses that startup parameter) gets the same report as one
+// connected directly.
+func TestDoctorWorksThroughPgBouncerInTransactionMode(t *testing.T) {
+	t.Parallel()
+	d := dbs.New(t, testdb.Latest)
+	b := pgtest.RequirePgBouncer(t, dbs.Server(), "transaction")
+	direct, directJSON, errOut := runHarness(t, "doctor", "--dsn", d.DSN, "--schema", d.Schema, "--json")
+	require.Equal(t, 0, direct, errOut)
+	code, viaJSON, errOut := runHarness(t, "doctor", "--dsn", b.DSN(d.Name), "--schema", d.Schema, "--json")
+	require.Equal(t, 0, code, "doctor through pgbouncer (transaction mode): %s", errOut)
+	require.Contains(t, viaJSON, `"status": "ok"`)
+	code, prom, errOut := runHarness(t, "doctor", "--dsn", b.DSN(d.Name), "--schema", d.Schema, "--format", "prometheus")
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, prom, `duroxide_doctor_status{schema="duroxide"} 0`)
+	// The same report either way, but for the clock check (its skew and
+	// round trip differ from run to run).
+	read := func(raw string) doctor.Report {
+		var r doctor.Report
+		require.NoError(t, json.Unmarshal([]byte(raw), &r))
+		r.ClockSkewMs = 0
+		r.Findings = slices.DeleteFunc(r.Findings, func(f doctor.Finding) bool { return f.Check == "clock" })
+		return r
+	}
+	require.Equal(t, read(directJSON), read(viaJSON))
+
+	// --role would stay on a shared server connection: refused, before
+	// any connection takes the role.
+	code, _, errOut = runHarness(t, "doctor", "--dsn", b.DSN(d.Name), "--schema", d.Schema, "--role", "postgres")
+	require.Equal(t, 64, code, errOut)
+	require.Contains(t, errOut, "--role postgres through a connection pooler")
+	code, _, errOut = runHarness(t, "doctor", "--dsn", d.DSN, "--schema", d.Schema, "--role", "postgres")
+	require.Equal(t, 0, code, "directly, --role is fine: %s", errOut)
 }

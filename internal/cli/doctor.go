@@ -107,7 +107,7 @@ func doctorCommand(ctx context.Context, env *env, args []string) error {
 	if err := t.resolve(); err != nil {
 		return err
 	}
-	db, err := t.connect(ctx)
+	db, err := t.connectQualified(ctx)
 	var unreachable unreachableError
 	if errors.As(err, &unreachable) {
 		return unavailable("doctor: critical: " + unreachable.Error())

@@ -134,7 +134,35 @@ func (t *target) inspect(ctx context.Context) (*migrate.State, error) {
 // connect opens a pool on t's database with search_path = the target
 // schema, without creating anything; connection failures are bad input.
 func (t *target) connect(ctx context.Context) (*sql.DB, error) {
-	db := migrate.OpenDB(t.src.Config(), t.schema, t.role)
+	return t.connectWithPath(ctx, t.schema)
+}
+
+// connectQualified is connect for commands whose every statement names
+// the schema (doctor): the server's search_path is left alone, so that
+// they also work through PgBouncer in transaction mode, which refuses a
+// search_path startup parameter.
+//
+// With --role it first makes sure, over connections without the role, that
+// sessions stay with their connection: through a transaction pooler, the
+// SET ROLE each connection starts with would stay on a server connection
+// the application shares.
+func (t *target) connectQualified(ctx context.Context) (*sql.DB, error) {
+	if t.role != "" {
+		plain := migrate.OpenDB(t.src.Config(), "", "")
+		shared, err := migrate.SessionsShared(ctx, plain)
+		plain.Close()
+		if err != nil {
+			return nil, unreachableError{usageError{fmt.Sprintf("cannot use %s: %s; check the DSN and that the server runs", t.src, oneLine(pgErrText(err)))}}
+		}
+		if shared != "" {
+			return nil, usagef("--role %s through a connection pooler (%s): the role each connection starts with would stay on a server connection others share; drop --role or connect to PostgreSQL directly", t.role, shared)
+		}
+	}
+	return t.connectWithPath(ctx, "")
+}
+
+func (t *target) connectWithPath(ctx context.Context, searchPath string) (*sql.DB, error) {
+	db := migrate.OpenDB(t.src.Config(), searchPath, t.role)
 	if err := db.PingContext(ctx); err != nil {
 		db.Close()
 		return nil, unreachableError{usageError{fmt.Sprintf("cannot use %s: %s; check the DSN and that the server runs", t.src, oneLine(pgErrText(err)))}}

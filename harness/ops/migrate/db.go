@@ -10,13 +10,18 @@ import (
 )
 
 // OpenDB opens a pool on the database of cfg (left unchanged) whose
-// connections have search_path set to schema and, when role is not empty,
+// connections have search_path set to schema (schema "": left as the
+// server sets it, for callers whose every statement names its schema,
+// which then also work through a transaction pooler that refuses the
+// startup parameter) and, when role is not empty,
 // run SET ROLE role first: the migrations then run with role's privileges
 // and what they create belongs to it. It is the one place the operator
 // library opens a pool; nothing connects until the pool is used.
 func OpenDB(cfg *pgx.ConnConfig, schema, role string) *sql.DB {
 	cfg = cfg.Copy()
-	cfg.RuntimeParams["search_path"] = SearchPath(schema)
+	if schema != "" {
+		cfg.RuntimeParams["search_path"] = SearchPath(schema)
+	}
 	var opts []stdlib.OptionOpenDB
 	if role != "" {
 		opts = append(opts, stdlib.OptionAfterConnect(func(ctx context.Context, c *pgx.Conn) error {
