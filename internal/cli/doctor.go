@@ -64,6 +64,7 @@ func doctorCommand(ctx context.Context, env *env, args []string) error {
 	maxAttempts := fs.Int("max-attempts", 10, "report orchestrator messages fetched more than this many times")
 	reset := fs.Bool("reset-attempts", false, "set attempt_count = 0 on every orchestrator message of the INSTANCE arguments (dry run unless --apply)")
 	apply := fs.Bool("apply", false, "with --reset-attempts: really reset")
+	listLimit := fs.Int("list-limit", doctor.DefaultListLimit, "list at most this many instances per finding (trapped messages, expired leases, orphan locks), the worst first; 0: every one")
 	watch := fs.Duration("watch", 0, "check again every INTERVAL (e.g. 5s) until Ctrl-C, on one line that updates in place")
 	pos, err := parse(fs, args)
 	if err != nil {
@@ -76,6 +77,8 @@ func doctorCommand(ctx context.Context, env *env, args []string) error {
 		return usagef("unexpected argument %q: instance ids only go with --reset-attempts", pos[0])
 	case *apply && !*reset:
 		return usagef("--apply only goes with --reset-attempts")
+	case *listLimit < 0:
+		return usagef("--list-limit must be 0 (every instance) or more, got %d", *listLimit)
 	case *maxAttempts < 1:
 		return usagef("--max-attempts must be at least 1, got %d", *maxAttempts)
 	case *format != "text" && *format != "json" && *format != "prometheus":
@@ -152,7 +155,10 @@ func doctorCommand(ctx context.Context, env *env, args []string) error {
 		return nil
 	}
 
-	opts := doctor.Options{Schema: t.schema, VersionTable: t.cfg.VersionTable, MaxAttempts: *maxAttempts}
+	opts := doctor.Options{Schema: t.schema, VersionTable: t.cfg.VersionTable, MaxAttempts: *maxAttempts, ListLimit: *listLimit}
+	if *listLimit == 0 {
+		opts.ListLimit = -1
+	}
 	if *watch > 0 {
 		// Ctrl-C ends the watch: the last line is finished and the exit
 		// code is the last check's, not the signal's.

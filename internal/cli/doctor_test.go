@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	migrations "github.com/duroxide-pg/migrations"
+	"github.com/duroxide-pg/migrations/harness/ops/doctor"
 )
 
 func TestDoctorExitCodes(t *testing.T) {
@@ -66,6 +67,39 @@ func TestDoctorResetAttempts(t *testing.T) {
 	require.Contains(t, out, "reset attempt_count to 0 on 2 message(s)")
 	code, out, _ = runCmd(t, runDoctor, base...)
 	require.Equal(t, exitOK, code, out)
+}
+
+func TestDoctorListsTheWorstTrappedInstancesAndSaysHowManyThereAre(t *testing.T) {
+	t.Parallel()
+	d := dbs.New(t, migrations.Latest())
+	// 25 trapped instances, inst-25 the worst (attempt_count 35).
+	sqlExec(t, d, "INSERT INTO "+d.Qualify("orchestrator_queue")+" (instance_id, work_item, visible_at, created_at, attempt_count) "+
+		"SELECT 'inst-' || lpad(i::text, 2, '0'), '{}', now(), now(), 10 + i FROM generate_series(1, 25) i")
+	base := []string{"--dsn", d.DSN, "--schema", d.Schema}
+
+	code, out, _ := runCmd(t, runDoctor, base...)
+	require.Equal(t, 1, code)
+	require.Contains(t, out, "trapped messages (attempt_count > 10), the worst 20 of 25 instances (--list-limit 0 lists every one):")
+	require.Contains(t, out, "inst-25")
+	require.NotContains(t, out, "inst-05", "the five least trapped are not listed")
+
+	var r doctor.Report
+	code, out, _ = runCmd(t, runDoctor, append(base, "--json", "--list-limit", "0")...)
+	require.Equal(t, 1, code)
+	require.NoError(t, json.Unmarshal([]byte(out), &r))
+	require.Equal(t, 25, r.TrappedInstances)
+	require.Len(t, r.Trapped, 25, "--list-limit 0: every trapped instance")
+	require.Equal(t, "inst-25", r.Trapped[0].InstanceID, "the worst first")
+
+	code, out, _ = runCmd(t, runDoctor, append(base, "--json", "--list-limit", "3")...)
+	require.Equal(t, 1, code)
+	require.NoError(t, json.Unmarshal([]byte(out), &r))
+	require.Equal(t, 25, r.TrappedInstances)
+	require.Len(t, r.Trapped, 3)
+
+	code, _, errOut := runCmd(t, runDoctor, append(base, "--list-limit", "-1")...)
+	require.Equal(t, ExitUsage, code)
+	require.Contains(t, errOut, "--list-limit")
 }
 
 func TestDoctorBadInput(t *testing.T) {

@@ -10,6 +10,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -55,9 +56,14 @@ type Options struct {
 	MaxAttempts int
 	// Now is this host's clock (time.Now when nil), for the skew check.
 	Now func() time.Time
-	// ListLimit caps the instances listed per finding (default 20).
+	// ListLimit caps the instances listed per finding (0: DefaultListLimit;
+	// negative: every one).
 	ListLimit int
 }
+
+// DefaultListLimit is how many instances a finding lists when
+// Options.ListLimit is 0.
+const DefaultListLimit = 20
 
 // Report is the result of Check; its JSON form is for monitoring.
 type Report struct {
@@ -84,6 +90,9 @@ type Report struct {
 	// every instance, not only the ones listed in Trapped).
 	MaxAttemptCount int64 `json:"max_attempt_count"`
 	TrappedMessages int64 `json:"trapped_message_count"`
+	// TrappedInstances counts the instances with trapped messages: Trapped
+	// lists the first Options.ListLimit of them, the worst first.
+	TrappedInstances int `json:"trapped_instance_count"`
 	// Heads is the queue heads' check, nil where the schema has none.
 	Heads    *Heads    `json:"queue_heads,omitempty"`
 	Findings []Finding `json:"findings"`
@@ -164,8 +173,11 @@ func Check(ctx context.Context, q Querier, opts Options) (*Report, error) {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
-	if opts.ListLimit <= 0 {
-		opts.ListLimit = 20
+	switch {
+	case opts.ListLimit == 0:
+		opts.ListLimit = DefaultListLimit
+	case opts.ListLimit < 0:
+		opts.ListLimit = math.MaxInt
 	}
 	r := &Report{Schema: opts.Schema, MaxAttempts: opts.MaxAttempts, PackLatest: migrations.Latest(),
 		Trapped: []Trapped{}, ExpiredLeases: []Lease{}, OrphanLocks: []Lease{}}
@@ -425,6 +437,7 @@ ORDER BY max(attempt_count) DESC, instance_id`, opts.MaxAttempts)
 	} else {
 		add(OK, "trapped", fmt.Sprintf("no message fetched more than %d times", opts.MaxAttempts), "")
 	}
+	r.TrappedInstances = len(r.Trapped)
 	if len(r.Trapped) > opts.ListLimit {
 		r.Trapped = r.Trapped[:opts.ListLimit]
 	}

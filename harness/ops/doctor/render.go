@@ -39,7 +39,11 @@ func (r *Report) Render(w io.Writer) {
 	_ = tw.Flush()
 
 	if len(r.Trapped) > 0 {
-		fmt.Fprintf(w, "\ntrapped messages (attempt_count > %d):\n", r.MaxAttempts)
+		fmt.Fprintf(w, "\ntrapped messages (attempt_count > %d)", r.MaxAttempts)
+		if r.TrappedInstances > len(r.Trapped) {
+			fmt.Fprintf(w, ", the worst %d of %d instances (--list-limit 0 lists every one)", len(r.Trapped), r.TrappedInstances)
+		}
+		fmt.Fprintln(w, ":")
 		tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 		fmt.Fprintf(tw, "  INSTANCE\tMESSAGES\tMAX ATTEMPTS\tOLDEST VISIBLE AT\n")
 		for _, t := range r.Trapped {
