@@ -62,7 +62,7 @@ func doctorCommand(ctx context.Context, env *env, args []string) error {
 	format := fs.String("format", "text", "output: text, json, or prometheus (the text exposition format, for node_exporter's textfile collector)")
 	asJSONFlag := fs.Bool("json", false, "the same as --format json")
 	maxAttempts := fs.Int("max-attempts", 10, "report orchestrator messages fetched more than this many times")
-	reset := fs.Bool("reset-attempts", false, "set attempt_count = 0 on every orchestrator message of the INSTANCE arguments (dry run unless --apply)")
+	reset := fs.Bool("reset-attempts", false, "set attempt_count = 0 on every orchestrator message and worker item of the INSTANCE arguments (dry run unless --apply)")
 	apply := fs.Bool("apply", false, "with --reset-attempts: really reset")
 	listLimit := fs.Int("list-limit", doctor.DefaultListLimit, "list at most this many instances per finding (trapped messages, expired leases, orphan locks), the worst first; 0: every one")
 	watch := fs.Duration("watch", 0, "check again every INTERVAL (e.g. 5s) until Ctrl-C, on one line that updates in place")
@@ -132,22 +132,22 @@ func doctorCommand(ctx context.Context, env *env, args []string) error {
 			return enc.Encode(map[string]any{"applied": *apply, "instances": rows, "missing": missing})
 		}
 		tw := tabwriter.NewWriter(env.Stdout, 0, 4, 2, ' ', 0)
-		fmt.Fprintf(tw, "INSTANCE\tMESSAGES\tMAX ATTEMPTS (before)\n")
+		fmt.Fprintf(tw, "INSTANCE\tMESSAGES\tMAX ATTEMPTS (before)\tWORKER ITEMS\tWORKER MAX ATTEMPTS (before)\n")
 		for _, r := range rows {
-			fmt.Fprintf(tw, "%s\t%d\t%d\n", r.InstanceID, r.Messages, r.MaxAttemptCount)
+			fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\n", r.InstanceID, r.Messages, r.MaxAttemptCount, r.WorkerItems, r.WorkerMaxAttemptCount)
 		}
 		_ = tw.Flush()
 		if len(missing) > 0 {
-			fmt.Fprintf(env.Stdout, "no orchestrator message for: %s\n", strings.Join(missing, ", "))
+			fmt.Fprintf(env.Stdout, "no orchestrator message or worker item for: %s\n", strings.Join(missing, ", "))
 		}
-		n := int64(0)
+		n, items := int64(0), int64(0)
 		for _, r := range rows {
-			n += r.Messages
+			n, items = n+r.Messages, items+r.WorkerItems
 		}
 		if *apply {
-			fmt.Fprintf(env.Stdout, "reset attempt_count to 0 on %d message(s)\n", n)
+			fmt.Fprintf(env.Stdout, "reset attempt_count to 0 on %d message(s) and %d worker item(s)\n", n, items)
 		} else {
-			fmt.Fprintf(env.Stdout, "dry run: would reset attempt_count to 0 on %d message(s); nothing changed; add --apply to do it\n", n)
+			fmt.Fprintf(env.Stdout, "dry run: would reset attempt_count to 0 on %d message(s) and %d worker item(s); nothing changed; add --apply to do it\n", n, items)
 		}
 		if !doctor.AllFixed(fns) {
 			fmt.Fprintln(env.Stdout, "note: not every function the pack fixes has its fix here: reset messages can be trapped again; run `harness doctor` for details")

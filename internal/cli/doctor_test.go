@@ -102,6 +102,43 @@ func TestDoctorListsTheWorstTrappedInstancesAndSaysHowManyThereAre(t *testing.T)
 	require.Contains(t, errOut, "--list-limit")
 }
 
+func TestDoctorReportsAndResetsTrappedWorkerItems(t *testing.T) {
+	t.Parallel()
+	d := dbs.New(t, migrations.Latest())
+	// Instance w: two activities the runtime would poison, one fine; x: one
+	// fine activity.
+	sqlExec(t, d, "INSERT INTO "+d.Qualify("worker_queue")+" (work_item, visible_at, created_at, instance_id, execution_id, activity_id, attempt_count) VALUES "+
+		"('{}', now(), now(), 'w', 1, 1, 40), ('{}', now(), now(), 'w', 1, 2, 12), ('{}', now(), now(), 'w', 1, 3, 1), ('{}', now(), now(), 'x', 1, 1, 2)")
+	base := []string{"--dsn", d.DSN, "--schema", d.Schema}
+
+	var r doctor.Report
+	code, out, _ := runCmd(t, runDoctor, append(base, "--json")...)
+	require.Equal(t, 1, code, "trapped worker items are a warning")
+	require.NoError(t, json.Unmarshal([]byte(out), &r))
+	require.EqualValues(t, 2, r.WorkerTrappedItems)
+	require.EqualValues(t, 1, r.WorkerTrappedInstances)
+	require.EqualValues(t, 40, r.WorkerMaxAttemptCount)
+	require.Contains(t, out, "2 worker item(s) of 1 instance(s) were fetched more than 10 times (worst: w, 40 attempts)")
+	code, out, _ = runCmd(t, runDoctor, append(base, "--format", "prometheus")...)
+	require.Equal(t, 1, code)
+	require.Contains(t, out, `duroxide_doctor_worker_trapped_items{schema="duroxide",max_attempts="10"} 2`)
+	require.Contains(t, out, `duroxide_doctor_worker_max_attempt_count{schema="duroxide"} 40`)
+
+	code, out, errOut := runCmd(t, runDoctor, append(base, "--reset-attempts", "w", "nobody")...)
+	require.Equal(t, exitOK, code, errOut)
+	require.Contains(t, out, "dry run: would reset attempt_count to 0 on 0 message(s) and 3 worker item(s)")
+	require.Contains(t, out, "no orchestrator message or worker item for: nobody")
+	code, out, errOut = runCmd(t, runDoctor, append(base, "--reset-attempts", "w", "--apply")...)
+	require.Equal(t, exitOK, code, errOut)
+	require.Contains(t, out, "reset attempt_count to 0 on 0 message(s) and 3 worker item(s)")
+	code, out, _ = runCmd(t, runDoctor, base...)
+	require.Equal(t, exitOK, code, out)
+	var left int
+	conn := d.Conn(t, "")
+	require.NoError(t, conn.QueryRow(context.Background(), "SELECT count(*) FROM "+d.Qualify("worker_queue")+" WHERE attempt_count > 0").Scan(&left))
+	require.Equal(t, 1, left, "x's item is not touched")
+}
+
 func TestDoctorBadInput(t *testing.T) {
 	t.Parallel()
 	for _, args := range [][]string{

@@ -93,6 +93,13 @@ type Report struct {
 	// TrappedInstances counts the instances with trapped messages: Trapped
 	// lists the first Options.ListLimit of them, the worst first.
 	TrappedInstances int `json:"trapped_instance_count"`
+	// WorkerTrappedItems counts the worker_queue items fetched more than
+	// MaxAttempts times (activities the runtime will poison), of
+	// WorkerTrappedInstances instances; WorkerMaxAttemptCount is the
+	// highest attempt_count of any worker item.
+	WorkerTrappedItems     int64 `json:"worker_trapped_item_count"`
+	WorkerTrappedInstances int64 `json:"worker_trapped_instance_count"`
+	WorkerMaxAttemptCount  int64 `json:"worker_max_attempt_count"`
 	// Heads is the queue heads' check, nil where the schema has none.
 	Heads    *Heads    `json:"queue_heads,omitempty"`
 	Findings []Finding `json:"findings"`
@@ -442,6 +449,10 @@ ORDER BY max(attempt_count) DESC, instance_id`, opts.MaxAttempts)
 		r.Trapped = r.Trapped[:opts.ListLimit]
 	}
 
+	if err := checkWorkerQueue(ctx, q, s, opts, r, add); err != nil {
+		return err
+	}
+
 	leases := func(where string) ([]Lease, error) {
 		rows, err := q.QueryContext(ctx, `
 SELECT l.instance_id, l.locked_until,
@@ -484,5 +495,36 @@ ORDER BY l.locked_until, l.instance_id`)
 	}
 	r.ExpiredLeases = r.ExpiredLeases[:min(len(r.ExpiredLeases), opts.ListLimit)]
 	r.OrphanLocks = r.OrphanLocks[:min(len(r.OrphanLocks), opts.ListLimit)]
+	return nil
+}
+
+// checkWorkerQueue counts the worker items fetched more than MaxAttempts
+// times (worker_queue has attempt_count from version 3 and instance_id from
+// version 9; an older schema is not checked).
+func checkWorkerQueue(ctx context.Context, q Querier, s string, opts Options, r *Report, add func(sev, check, msg, action string)) error {
+	table := pgx.Identifier{s, "worker_queue"}.Sanitize()
+	var columns int
+	if err := q.QueryRowContext(ctx, `SELECT count(*) FROM pg_attribute
+		WHERE attrelid = to_regclass($1) AND attname IN ('attempt_count', 'instance_id') AND NOT attisdropped`, table).Scan(&columns); err != nil {
+		return fmt.Errorf("read worker_queue's columns: %w", err)
+	}
+	if columns < 2 {
+		return nil
+	}
+	var worst sql.NullString
+	if err := q.QueryRowContext(ctx, `SELECT count(*) FILTER (WHERE attempt_count > $1),
+		count(DISTINCT instance_id) FILTER (WHERE attempt_count > $1),
+		coalesce(max(attempt_count), 0),
+		(SELECT instance_id FROM `+table+` WHERE attempt_count > $1 ORDER BY attempt_count DESC, id LIMIT 1)
+		FROM `+table, opts.MaxAttempts).Scan(&r.WorkerTrappedItems, &r.WorkerTrappedInstances, &r.WorkerMaxAttemptCount, &worst); err != nil {
+		return fmt.Errorf("read worker_queue: %w", err)
+	}
+	if r.WorkerTrappedItems == 0 {
+		add(OK, "worker_trapped", fmt.Sprintf("no worker item fetched more than %d times", opts.MaxAttempts), "")
+		return nil
+	}
+	add(Warning, "worker_trapped", fmt.Sprintf("%d worker item(s) of %d instance(s) were fetched more than %d times (worst: %s, %d attempts)",
+		r.WorkerTrappedItems, r.WorkerTrappedInstances, opts.MaxAttempts, worst.String, r.WorkerMaxAttemptCount),
+		fmt.Sprintf("after the fix is installed, let them run again: `harness doctor --schema %s --reset-attempts INSTANCE... --apply` (it resets the instance's worker items too)", s))
 	return nil
 }

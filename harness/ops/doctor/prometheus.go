@@ -59,6 +59,10 @@ func (r *Report) WritePrometheus(w io.Writer) error {
 	fmt.Fprintf(&b, "duroxide_doctor_max_attempt_count{%s} %d\n", schema, r.MaxAttemptCount)
 	gauge("duroxide_doctor_trapped_messages", "Orchestrator messages fetched more than max_attempts times.")
 	fmt.Fprintf(&b, "duroxide_doctor_trapped_messages{%s,max_attempts=\"%d\"} %d\n", schema, r.MaxAttempts, r.TrappedMessages)
+	gauge("duroxide_doctor_worker_trapped_items", "Worker items (activities) fetched more than max_attempts times.")
+	fmt.Fprintf(&b, "duroxide_doctor_worker_trapped_items{%s,max_attempts=\"%d\"} %d\n", schema, r.MaxAttempts, r.WorkerTrappedItems)
+	gauge("duroxide_doctor_worker_max_attempt_count", "Highest attempt_count of any worker item.")
+	fmt.Fprintf(&b, "duroxide_doctor_worker_max_attempt_count{%s} %d\n", schema, r.WorkerMaxAttemptCount)
 	gauge("duroxide_doctor_clock_skew_ms", "The database's clock minus this host's, in milliseconds.")
 	fmt.Fprintf(&b, "duroxide_doctor_clock_skew_ms{%s} %d\n", schema, r.ClockSkewMs)
 	if r.GooseVersion != nil {
