@@ -46,6 +46,9 @@ func runMigrate(ctx context.Context, env *env, args []string) error {
 	if err := t.checkTo(version, action == "down"); err != nil {
 		return err
 	}
+	if err := t.checkMigrationsDir("migrate"); err != nil {
+		return err
+	}
 	// status, version and the check before down only read: goose's own
 	// provider would create the schema and its table to answer them.
 	switch action {
@@ -122,7 +125,7 @@ func missingWhat(st *migrate.State) string {
 // printStatus lists every migration of the pack with its state, as goose's
 // status does, from what ReadState read.
 func printStatus(env *env, t target, st *migrate.State) error {
-	sources, err := migrate.Sources(t.cfg.MigrationsFS())
+	sources, err := migrate.Sources(nil)
 	if err != nil {
 		return err
 	}

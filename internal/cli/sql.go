@@ -10,7 +10,6 @@ import (
 	"slices"
 	"strconv"
 
-	migrations "github.com/duroxide-pg/migrations"
 	"github.com/duroxide-pg/migrations/harness/ops/migrate"
 	"github.com/duroxide-pg/migrations/harness/ops/sqlscript"
 )
@@ -50,12 +49,8 @@ func runSQL(ctx context.Context, env *env, args []string) error {
 			return err
 		}
 	}
-	if dir := t.cfg.MigrationsFS(); dir != nil {
-		// From a checkout, goose.yaml names its sql/: the same files as
-		// the embedded pack, unless they were edited since the build.
-		if diff := differingMigration(dir, migrations.FS); diff != "" {
-			return usagef("goose.yaml's migrations directory differs from the pack built into this harness (%s): harness sql writes the embedded pack's migrations only; rebuild the harness, or run it where goose.yaml does not name that directory", diff)
-		}
+	if err := t.checkMigrationsDir("sql"); err != nil {
+		return err
 	}
 	db, err := t.connect(ctx)
 	if err != nil {

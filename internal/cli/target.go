@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 
+	migrations "github.com/duroxide-pg/migrations"
 	"github.com/duroxide-pg/migrations/harness/ops/migrate"
 	"github.com/duroxide-pg/migrations/internal/config"
 	"github.com/duroxide-pg/migrations/internal/dbconn"
@@ -98,7 +99,6 @@ func checkNames(schemaFrom, schema, role string, roleSet bool, versionTable stri
 func (t *target) open(ctx context.Context, verbose bool) (*migrate.Runner, error) {
 	r, err := migrate.Open(ctx, t.src.Config(), migrate.Options{
 		Schema:       t.schema,
-		FS:           t.cfg.MigrationsFS(),
 		VersionTable: t.cfg.VersionTable,
 		Verbose:      verbose,
 		Role:         t.role,
@@ -177,7 +177,7 @@ func (t *target) checkTo(version int64, down bool) error {
 	if version < 0 || (down && version == 0) {
 		return nil
 	}
-	sources, err := migrate.Sources(t.cfg.MigrationsFS())
+	sources, err := migrate.Sources(nil)
 	if err != nil {
 		return fmt.Errorf("read the pack's migrations: %w", err)
 	}
@@ -193,4 +193,21 @@ func (t *target) checkTo(version int64, down bool) error {
 		allowed += ", or 0 to roll back everything"
 	}
 	return usagef("--to %d: version %d does not exist; give %s", version, version, allowed)
+}
+
+// checkMigrationsDir refuses to go on when goose.yaml names a migrations
+// directory whose files differ from the pack built into the harness: every
+// command applies, writes and checks the built-in pack, so that migrate,
+// sql, baseline and doctor agree; in a checkout, goose.yaml's sql/ is the
+// same files unless they were edited since the harness was built.
+func (t *target) checkMigrationsDir(command string) error {
+	dir := t.cfg.MigrationsFS()
+	if dir == nil {
+		return nil
+	}
+	if diff := differingMigration(dir, migrations.FS); diff != "" {
+		return usagef("goose.yaml's migrations_dir %s differs from the pack built into this harness (%s): harness %s uses the built-in pack only, as every command does; rebuild the harness (make build, or go run), or run it where goose.yaml does not name that directory",
+			t.cfg.MigrationsDir, diff, command)
+	}
+	return nil
 }

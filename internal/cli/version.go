@@ -13,7 +13,7 @@ import (
 // pack's version (its latest migration), the digest of the migrations
 // built into it, the build's Go version and source revision, and whether
 // goose.yaml here names a migrations directory that differs from them
-// (migrate uses that directory; sql and the checks use the built-in pack).
+// (migrate and sql then refuse: every command uses the built-in pack).
 func runVersion(_ context.Context, env *env, args []string) error {
 	fs := newFlags(env, "version")
 	configPath := fs.String("config", "", "settings file (default ./goose.yaml when present)")
@@ -52,7 +52,7 @@ func runVersion(_ context.Context, env *env, args []string) error {
 	}
 	if dir := cfg.MigrationsFS(); dir != nil {
 		if diff := differingMigration(dir, migrations.FS); diff != "" {
-			fmt.Fprintf(env.Stdout, "note: goose.yaml's migrations_dir %s is not the built-in pack (%s): `harness migrate` applies that directory\n", cfg.MigrationsDir, diff)
+			fmt.Fprintf(env.Stdout, "note: goose.yaml's migrations_dir %s is not the built-in pack (%s): migrate and sql refuse to run here until the harness is rebuilt\n", cfg.MigrationsDir, diff)
 		}
 	}
 	return nil

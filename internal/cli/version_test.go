@@ -11,7 +11,7 @@ import (
 	migrations "github.com/duroxide-pg/migrations"
 )
 
-func TestVersionPrintsThePackTheDigestOfItsMigrationsAndADifferingDirectory(t *testing.T) {
+func TestVersionAndTheCommandsThatApplyMigrationsSeeADifferingDirectory(t *testing.T) {
 	digest, files, err := migrations.Digest(migrations.FS)
 	require.NoError(t, err)
 	latest, ok := migrations.ByVersion(migrations.Latest())
@@ -35,6 +35,14 @@ func TestVersionPrintsThePackTheDigestOfItsMigrationsAndADifferingDirectory(t *t
 	code, out, errOut = run(t, "version", "--config", config)
 	require.Equal(t, exitOK, code, errOut)
 	require.Contains(t, out, fmt.Sprintf("note: goose.yaml's migrations_dir sql is not the built-in pack (%s differs)", latest.File))
+
+	// migrate and sql refuse, before they connect, to run a pack other
+	// than the one doctor and baseline check against.
+	for _, args := range [][]string{{"migrate", "up"}, {"migrate", "down", "--to", "1"}, {"sql", "up"}} {
+		code, _, errOut = run(t, append(args, "--config", config, "--dsn", "postgres://u@127.0.0.1:1/db")...)
+		require.Equal(t, ExitUsage, code, "%v: %s", args, errOut)
+		require.Contains(t, errOut, fmt.Sprintf("goose.yaml's migrations_dir sql differs from the pack built into this harness (%s differs)", latest.File), "%v", args)
+	}
 
 	code, _, errOut = run(t, "version", "extra")
 	require.Equal(t, ExitUsage, code)

@@ -20,9 +20,11 @@ const defaultFile = "goose.yaml"
 
 // Config is the content of goose.yaml.
 type Config struct {
-	// MigrationsDir, relative to the file, holds the SQL migrations. The
-	// harness uses the copy embedded in its binary unless this directory
-	// exists (so an edited checkout runs its own files).
+	// MigrationsDir, relative to the file, holds the SQL migrations (the
+	// stock goose CLI's directory). The harness applies the copy built
+	// into it, always; when this directory exists and differs from that
+	// copy, the commands that apply or write migrations refuse (an edited
+	// checkout needs the harness rebuilt: go run does it).
 	MigrationsDir string `yaml:"migrations_dir"`
 	// Schema is the target schema.
 	Schema string `yaml:"schema"`
