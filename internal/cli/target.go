@@ -152,7 +152,7 @@ func (t *target) connectQualified(ctx context.Context) (*sql.DB, error) {
 		shared, err := migrate.SessionsShared(ctx, plain)
 		plain.Close()
 		if err != nil {
-			return nil, unreachableError{usageError{fmt.Sprintf("cannot use %s: %s; check the DSN and that the server runs", t.src, oneLine(pgErrText(err)))}}
+			return nil, t.unreachable(err)
 		}
 		if shared != "" {
 			return nil, usagef("--role %s through a connection pooler (%s): the role each connection starts with would stay on a server connection others share; drop --role or connect to PostgreSQL directly", t.role, shared)
@@ -165,9 +165,14 @@ func (t *target) connectWithPath(ctx context.Context, searchPath string) (*sql.D
 	db := migrate.OpenDB(t.src.Config(), searchPath, t.role)
 	if err := db.PingContext(ctx); err != nil {
 		db.Close()
-		return nil, unreachableError{usageError{fmt.Sprintf("cannot use %s: %s; check the DSN and that the server runs", t.src, oneLine(pgErrText(err)))}}
+		return nil, t.unreachable(err)
 	}
 	return db, nil
+}
+
+// unreachable is the bad input a failed connection makes.
+func (t *target) unreachable(err error) error {
+	return unreachableError{usageError{fmt.Sprintf("cannot use %s: %s; check the DSN and that the server runs", t.src, oneLine(pgErrText(err)))}}
 }
 
 // checkTo refuses, before anything connects, a --to the pack does not
