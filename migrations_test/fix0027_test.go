@@ -200,7 +200,16 @@ func requireHeadsCover(t *testing.T, db *testdb.Database) {
 func TestV27HeadsStayCorrectUnderConcurrency(t *testing.T) {
 	t.Parallel()
 	_, fix := scaleFix(t)
-	db := dbs.New(t, fix)
+	// 0027's own upkeep (advisory keys) and the latest's (row locks, 0030).
+	for _, v := range []int64{fix, migrations.Latest()} {
+		t.Run(fmt.Sprintf("%04d", v), func(t *testing.T) {
+			t.Parallel()
+			headsUnderConcurrency(t, dbs.New(t, v))
+		})
+	}
+}
+
+func headsUnderConcurrency(t *testing.T, db *testdb.Database) {
 	c := orch.New(db.Schema)
 	// run bounds the workload; every call runs to completion on call, so
 	// that no call's outcome is lost to a cancellation at the end.

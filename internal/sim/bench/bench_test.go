@@ -224,7 +224,7 @@ func TestConfigValidate(t *testing.T) {
 // smokeConfig is the whole benchmark shrunk to about a second of cells.
 func smokeConfig() Config {
 	return Config{
-		Rounds: 1, Duration: 100 * time.Millisecond,
+		Rounds: 1, Duration: 250 * time.Millisecond, // long enough for a worker cycle on a loaded CI machine
 		// The runtime scenario has its own smoke run (TestRuntimeSmokeRun).
 		Scenarios:        slices.DeleteFunc(allScenarios(), func(s string) bool { return s == Runtime }),
 		BacklogInstances: 10, BacklogHistory: 20, BacklogDispatchers: []int{2},

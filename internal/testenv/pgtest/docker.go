@@ -59,6 +59,9 @@ func startDocker(ctx context.Context, opts Options) (*dockerServer, error) {
 	if len(opts.Preload) > 0 {
 		cmd = append(cmd, "-c", "shared_preload_libraries="+strings.Join(opts.Preload, ","))
 	}
+	for _, setting := range opts.Settings {
+		cmd = append(cmd, "-c", setting)
+	}
 	res, err := pool.RunWithOptions(&dockertest.RunOptions{
 		Repository: repo,
 		Tag:        tag,

@@ -35,6 +35,8 @@ type localServer struct {
 	cfg  *pgx.ConnConfig
 	// preload is the shared_preload_libraries setting ("" for none).
 	preload string
+	// settings are Options.Settings, passed as -c after the defaults.
+	settings []string
 }
 
 // findBinaries returns the directory holding initdb, pg_ctl and postgres:
@@ -95,7 +97,7 @@ func startLocal(ctx context.Context, opts Options) (*localServer, error) {
 		return nil, err
 	}
 	sweepStale(opts.Logf)
-	s := &localServer{bin: bin, logs: &bytes.Buffer{}, done: make(chan error, 1), preload: shippedLibraries(bin, opts.Preload)}
+	s := &localServer{bin: bin, logs: &bytes.Buffer{}, done: make(chan error, 1), preload: shippedLibraries(bin, opts.Preload), settings: opts.Settings}
 	if os.Geteuid() == 0 {
 		if s.cred, err = unprivileged(); err != nil {
 			return nil, err
@@ -159,6 +161,9 @@ func (s *localServer) start(ctx context.Context) error {
 		"-c", "max_locks_per_transaction=256"}
 	if s.preload != "" {
 		args = append(args, "-c", "shared_preload_libraries="+s.preload)
+	}
+	for _, setting := range s.settings {
+		args = append(args, "-c", setting)
 	}
 	cmd := exec.Command(filepath.Join(s.bin, "postgres"), args...)
 	cmd.Dir = s.dir

@@ -48,6 +48,12 @@ type Options struct {
 	// directory and leaves out what is not there; Docker's images ship
 	// contrib). An existing server (DSN) is taken as it is.
 	Preload []string
+	// Settings are server parameters ("name=value") a started server gets
+	// after the backend's own (so they override them): a test that needs
+	// PostgreSQL's defaults passes "max_connections=100" and
+	// "max_locks_per_transaction=64". An existing server (DSN) is taken as
+	// it is.
+	Settings []string
 	// Logf receives progress messages; nil discards them.
 	Logf func(format string, args ...any)
 }
