@@ -11,6 +11,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -107,16 +108,18 @@ func TestBulkQueueTransactionsAtDefaultLockCapacity(t *testing.T) {
 	pool := defaultConfiguredPool(t)
 	upstream, ok := migrations.PortOf(23)
 	require.True(t, ok)
-	rowLocks, ok := migrations.FixOf("orchestrator_queue_head_offer")
+	// before is the version just before the latest fix of the heads'
+	// helpers (0030's row locks): it still takes an advisory key per
+	// instance. The first fix of them (0029's scoped keys) must precede it.
+	first, ok := migrations.FixOf("orchestrator_queue_head_offer")
 	require.True(t, ok)
-	// the first fix of the heads' helpers after the one FixOf returns
 	var before int64
 	for _, m := range migrations.Fixes() {
-		if m.Version > rowLocks.Version && len(m.Fixes) > 0 && m.Fixes[0] == "orchestrator_queue_head_offer" {
+		if slices.Contains(m.Fixes, "orchestrator_queue_head_offer") {
 			before = m.Version - 1
 		}
 	}
-	require.NotZero(t, before, "the pack has a fix of the heads' upkeep after %s", rowLocks.File)
+	require.GreaterOrEqual(t, before, first.Version, "the pack has a fix of the heads' upkeep after %s", first.File)
 
 	// Databases are built one at a time (each is a template build on the
 	// small server); the scenarios then run side by side.
