@@ -15,6 +15,7 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/pressly/goose/v3"
 	"github.com/pressly/goose/v3/lock"
 
@@ -120,6 +121,14 @@ func (r *Runner) ensureSchema(ctx context.Context) error {
 		return nil
 	}
 	if _, err := r.db.ExecContext(ctx, "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{r.schema}.Sanitize()); err != nil {
+		// IF NOT EXISTS does not cover a race: two runners that both find
+		// the schema missing can both create it, and the loser gets a
+		// unique violation on pg_namespace (or duplicate_schema). The
+		// schema exists then, which is all this call needs.
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && (pgErr.Code == "23505" || pgErr.Code == "42P06") {
+			return nil
+		}
 		return fmt.Errorf("create schema %s: %w", r.schema, err)
 	}
 	return nil
