@@ -25,11 +25,11 @@ ifneq ($(strip $(MATRIX_MAJORS)),)
 	OUT='$(OUT)' MATRIX_TESTS=quick scripts/pg-matrix.sh $(MATRIX_MAJORS)
 endif
 
-repro: upstream ## show the bugs and the fixes on a throwaway PostgreSQL: orchestration fetch and the real runtime (held key, pool wait) on upstream's schema, upstream's candidate fix and the pack's latest; worker queue 0024 vs 0028
+repro: upstream ## show the bugs and the fixes on a throwaway PostgreSQL: orchestration fetch and the real runtime (held key, pool wait) on upstream's schema, upstream's candidate fix and the pack's latest; worker queue before and after its fixes (migrations.WorkerFix)
 	@mkdir -p $(OUT)
 	$(HARNESS) repro all --report $(OUT) --json $(OUT)/repro.json
 
-bench: ## speed side by side in one run: upstream's schema vs the pack's latest with the real runtime, then per fix (0019 vs 0020, worker 0024 vs 0028, scale 0019 vs the latest), about 8 min; writes docs/bench/
+bench: ## speed side by side in one run: upstream's schema vs the pack's latest with the real runtime, then per fix (0019 vs 0020, worker before and after its fixes, scale 0019 vs the latest), about 8 min; writes docs/bench/
 	$(HARNESS) bench --report docs/bench
 
 worker-waits: ## run the 16-fetcher worker test RUNS times (default 200) on a server logging every lock wait over 1 ms; fails on any fetch_work_item wait
