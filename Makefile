@@ -9,7 +9,7 @@ MATRIX_MAJORS ?= 14 18
 MAJORS  ?=
 FUZZTIME ?= 10m
 
-.PHONY: help upstream test repro bench fuzz soak lint up db build matrix matrix-quick
+.PHONY: help upstream test repro bench fuzz soak lint lint-sql up db build matrix matrix-quick
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
@@ -40,6 +40,11 @@ fuzz: ## fuzz the fault scenarios against the invariants: make fuzz [FUZZTIME=10
 
 soak: ## all faults mixed for 5 minutes, exit 1 on any invariant violation
 	$(HARNESS) soak --duration 5m
+
+lint-sql: ## squawk (the migration linter, pinned in tools/squawk) on every migration in sql/: exceptions are listed in .squawk.toml and in each file, with their reasons
+	@command -v npm >/dev/null 2>&1 || { echo "make lint-sql: npm not found: it installs squawk (npm squawk-cli)"; exit 1; }
+	npm install --prefix tools/squawk --no-package-lock --no-audit --no-fund --loglevel=error
+	tools/squawk/node_modules/.bin/squawk --config .squawk.toml sql/*.sql
 
 lint: ## gofmt and go vet
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); \

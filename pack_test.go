@@ -2,7 +2,9 @@ package migrations_test
 
 import (
 	"fmt"
+	"io/fs"
 	"maps"
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -211,4 +213,38 @@ func TestDigestChangesWithAnyFileAndOnlyWithTheFiles(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, d, 64)
 	require.EqualValues(t, migrations.Latest(), n, "the embedded pack: one file per version")
+}
+
+// squawk (make lint-sql) runs clean only because of the exceptions the
+// files and .squawk.toml list: each one says why, so that a reviewer can
+// judge it.
+func TestEverySquawkExceptionSaysWhy(t *testing.T) {
+	exceptions := 0
+	for _, m := range migrations.MustPack() {
+		text, err := fs.ReadFile(migrations.FS, m.File)
+		require.NoError(t, err)
+		for _, line := range strings.Split(string(text), "\n") {
+			if !strings.Contains(line, "squawk-ignore") {
+				continue
+			}
+			exceptions++
+			_, reason, ok := strings.Cut(strings.TrimPrefix(strings.TrimSpace(line), "--"), " -- ")
+			if !ok || len(strings.TrimSpace(reason)) < 20 {
+				t.Errorf("%s: %q: a squawk exception needs its reason after \" -- \"", m.File, line)
+			}
+		}
+	}
+	require.NotZero(t, exceptions, "no file lists a squawk exception: is the pack read?")
+	cfg, err := os.ReadFile(".squawk.toml")
+	require.NoError(t, err)
+	lines := strings.Split(string(cfg), "\n")
+	for i, line := range lines {
+		rule := strings.Trim(strings.TrimSpace(line), `",`)
+		if !strings.HasPrefix(strings.TrimSpace(line), `"`) {
+			continue
+		}
+		if i == 0 || !strings.HasPrefix(strings.TrimSpace(lines[i-1]), "#") {
+			t.Errorf(".squawk.toml: excluded rule %s has no comment above it saying why", rule)
+		}
+	}
 }

@@ -9,6 +9,7 @@
 -- Upstream uses ADD COLUMN IF NOT EXISTS. Under goose this file runs exactly
 -- once, so plain ADD COLUMN is used.
 
+-- squawk-ignore-file ban-drop-column, prefer-bigint-over-int -- upstream's own statements (its history 1..19 re-written for goose: the catalog must be the one upstream's runner makes; a Down undoes its Up)
 -- +goose Up
 
 ALTER TABLE orchestrator_queue ADD COLUMN attempt_count integer NOT NULL DEFAULT 0;

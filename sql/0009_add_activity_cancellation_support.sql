@@ -28,6 +28,7 @@
 -- deleted BEFORE the turn's worker items are inserted, so an activity that is
 -- scheduled and cancelled in the same turn survives. 0011 swaps the order.
 
+-- squawk-ignore-file ban-drop-column, require-concurrent-index-creation, require-concurrent-index-deletion -- upstream's own statements (its history 1..19 re-written for goose: the catalog must be the one upstream's runner makes; a Down undoes its Up)
 -- +goose Up
 
 ALTER TABLE worker_queue ADD COLUMN instance_id text;

@@ -30,6 +30,7 @@
 -- prune_executions_bulk: no such SQL functions exist (they live in the Rust
 -- provider).
 
+-- squawk-ignore-file ban-drop-column, require-concurrent-index-creation, require-concurrent-index-deletion -- upstream's own statements (its history 1..19 re-written for goose: the catalog must be the one upstream's runner makes; a Down undoes its Up)
 -- +goose Up
 
 ALTER TABLE instances ADD COLUMN parent_instance_id text;

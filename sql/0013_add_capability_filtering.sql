@@ -34,6 +34,7 @@
 -- cannot overflow integer arithmetic. Like upstream, the file ends with a
 -- RAISE NOTICE.
 
+-- squawk-ignore-file ban-drop-column, prefer-bigint-over-int -- upstream's own statements (its history 1..19 re-written for goose: the catalog must be the one upstream's runner makes; a Down undoes its Up)
 -- +goose Up
 ALTER TABLE executions ADD COLUMN duroxide_version_major integer;
 ALTER TABLE executions ADD COLUMN duroxide_version_minor integer;

@@ -35,6 +35,7 @@
 --     adds that check).
 --   * Like upstream, the file ends with a RAISE NOTICE.
 
+-- squawk-ignore-file ban-drop-column, ban-drop-table, require-concurrent-index-creation, require-concurrent-index-deletion -- upstream's own statements (its history 1..19 re-written for goose: the catalog must be the one upstream's runner makes; a Down undoes its Up)
 -- +goose Up
 ALTER TABLE worker_queue ADD COLUMN session_id text;
 CREATE INDEX idx_worker_queue_session_id ON worker_queue (session_id);

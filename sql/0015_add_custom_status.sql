@@ -21,6 +21,7 @@
 --
 -- Like upstream, the file ends with a RAISE NOTICE.
 
+-- squawk-ignore-file ban-drop-column, prefer-bigint-over-int -- upstream's own statements (its history 1..19 re-written for goose: the catalog must be the one upstream's runner makes; a Down undoes its Up)
 -- +goose Up
 ALTER TABLE instances ADD COLUMN custom_status text;
 ALTER TABLE instances ADD COLUMN custom_status_version integer NOT NULL DEFAULT 0;

@@ -26,6 +26,7 @@
 --     exist at version 15; not reproduced.
 --   * Like upstream, the file ends with a RAISE NOTICE.
 
+-- squawk-ignore-file ban-drop-column, require-concurrent-index-creation, require-concurrent-index-deletion -- upstream's own statements (its history 1..19 re-written for goose: the catalog must be the one upstream's runner makes; a Down undoes its Up)
 -- +goose Up
 ALTER TABLE worker_queue ADD COLUMN tag text;
 CREATE INDEX idx_worker_queue_tag ON worker_queue (tag);

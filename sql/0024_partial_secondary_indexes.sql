@@ -29,6 +29,7 @@
 -- Down makes the three indexes full again, and refuses, changing nothing,
 -- while _duroxide_migrations records an upstream version above 23 (see 0022).
 
+-- squawk-ignore-file require-concurrent-index-creation, require-concurrent-index-deletion -- the port's Down puts back upstream 21's full indexes, as upstream's 23 replaced them
 -- +goose Up
 -- +goose StatementBegin
 DO $guard$

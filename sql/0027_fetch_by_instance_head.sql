@@ -101,6 +101,7 @@
 -- candidate (left as it is; refusing an unknown one, as the Up) and drops
 -- the triggers, the functions, the table and the indexes it added.
 
+-- squawk-ignore-file ban-drop-table, require-concurrent-index-creation, require-concurrent-index-deletion -- the Up builds idx_orch_instance_head in the transaction that backfills the heads, which must see every message (writers wait for the build: docs/OPERATIONS.md); the Down drops the pack's own heads table and index
 -- +goose Up
 -- +goose StatementBegin
 DO $fix$

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"text/tabwriter"
+	"time"
 
 	"github.com/duroxide-pg/migrations/harness/ops/migrate"
 )
@@ -16,6 +17,9 @@ func runMigrate(ctx context.Context, env *env, args []string) error {
 	t.register(fs)
 	to := fs.String("to", "", "target version: up applies up to it, down rolls back to it")
 	verbose := fs.Bool("v", false, "log each migration")
+	lockTimeout := fs.Duration("lock-timeout", migrate.DefaultLockTimeout,
+		"longest wait of a migration for a lock before it is rolled back and retried (0: wait as long as the server's lock_timeout says); writers of a table queue behind a migration waiting for it")
+	lockRetries := fs.Int("lock-retries", migrate.DefaultLockRetries, "how many times a migration rolled back on --lock-timeout runs again")
 	pos, err := parse(fs, args)
 	if err != nil {
 		return err
@@ -39,6 +43,15 @@ func runMigrate(ctx context.Context, env *env, args []string) error {
 			return usagef("--to %q is not a version number: give a version of the pack (0 for down: everything)", *to)
 		}
 		version = v
+	}
+	if *lockTimeout < 0 {
+		return usagef("--lock-timeout %v is negative: give a duration (5s), or 0 for no bound", *lockTimeout)
+	}
+	if *lockTimeout > 0 && *lockTimeout < time.Millisecond {
+		return usagef("--lock-timeout %v is below a millisecond, lock_timeout's unit", *lockTimeout)
+	}
+	if *lockRetries < 0 {
+		return usagef("--lock-retries %d is negative: give 0 for none", *lockRetries)
 	}
 	if err := t.resolve(); err != nil {
 		return err
@@ -70,7 +83,15 @@ func runMigrate(ctx context.Context, env *env, args []string) error {
 			return usagef("%s: nothing to roll back; nothing was created", missingWhat(st))
 		}
 	}
-	r, err := t.open(ctx, *verbose)
+	run := migrate.Options{Verbose: *verbose, LockTimeout: *lockTimeout, LockRetries: *lockRetries, Log: env.Stderr}
+	// The flags say 0 for none; the options say negative for none.
+	if *lockTimeout == 0 {
+		run.LockTimeout = -1
+	}
+	if *lockRetries == 0 {
+		run.LockRetries = -1
+	}
+	r, err := t.open(ctx, run)
 	if err != nil {
 		return err
 	}

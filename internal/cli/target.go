@@ -95,14 +95,12 @@ func checkNames(schemaFrom, schema, role string, roleSet bool, versionTable stri
 	return nil
 }
 
-// open connects a migration runner; connection failures are bad input.
-func (t *target) open(ctx context.Context, verbose bool) (*migrate.Runner, error) {
-	r, err := migrate.Open(ctx, t.src.Config(), migrate.Options{
-		Schema:       t.schema,
-		VersionTable: t.cfg.VersionTable,
-		Verbose:      verbose,
-		Role:         t.role,
-	})
+// open connects a migration runner with run's settings (verbosity, lock
+// timeout and retries, log) and the target's names; connection failures
+// are bad input.
+func (t *target) open(ctx context.Context, run migrate.Options) (*migrate.Runner, error) {
+	run.Schema, run.VersionTable, run.Role = t.schema, t.cfg.VersionTable, t.role
+	r, err := migrate.Open(ctx, t.src.Config(), run)
 	if errors.Is(err, migrate.ErrNeedsBaseline) || errors.Is(err, migrate.ErrPooler) {
 		return nil, usagef("%v", err)
 	}

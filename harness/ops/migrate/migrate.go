@@ -11,8 +11,11 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"io"
 	"io/fs"
+	"strconv"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -30,10 +33,22 @@ const VersionTable = "goose_db_version"
 
 // Runner applies migrations to one schema.
 type Runner struct {
-	db       *sql.DB
-	provider *goose.Provider
-	schema   string
+	db          *sql.DB
+	provider    *goose.Provider
+	schema      string
+	lockRetries int
+	log         io.Writer
 }
+
+// DefaultLockTimeout is how long a migration waits for a lock before it
+// fails and is rolled back (lock_timeout on the runner's connections).
+// While a migration waits for a lock on a table, every writer of the
+// table queues behind it: failing fast and retrying keeps the wait short.
+const DefaultLockTimeout = 5 * time.Second
+
+// DefaultLockRetries is how many times Up, UpTo, Down and DownTo run a
+// migration again after it failed on the lock timeout.
+const DefaultLockRetries = 3
 
 // Options tune a Runner.
 type Options struct {
@@ -49,6 +64,35 @@ type Options struct {
 	// Role, when not empty, is the role the migrations run as (SET ROLE on
 	// every connection): the owner of the schema's objects.
 	Role string
+	// LockTimeout bounds each wait for a lock (DefaultLockTimeout when 0;
+	// negative: no bound, as the server's lock_timeout says).
+	LockTimeout time.Duration
+	// LockRetries is how many times a migration that failed on the lock
+	// timeout runs again (DefaultLockRetries when 0; negative: never).
+	LockRetries int
+	// Log receives a line for each retry (nil: discarded).
+	Log io.Writer
+}
+
+// withDefaults fills what the caller left empty, once.
+func (o Options) withDefaults() Options {
+	o.Schema, o.VersionTable = Names(o.Schema, o.VersionTable)
+	if o.FS == nil {
+		o.FS = migrations.FS
+	}
+	if o.LockTimeout == 0 {
+		o.LockTimeout = DefaultLockTimeout
+	}
+	switch {
+	case o.LockRetries == 0:
+		o.LockRetries = DefaultLockRetries
+	case o.LockRetries < 0:
+		o.LockRetries = 0
+	}
+	if o.Log == nil {
+		o.Log = io.Discard
+	}
+	return o
 }
 
 // ErrNoSuchVersion is returned for a target version the pack does not have.
@@ -67,12 +111,13 @@ var ErrNeedsBaseline = errors.New("schema was created by duroxide-pg's own runne
 // are checked: a refused call leaves no schema behind. Close closes the
 // pool.
 func Open(ctx context.Context, cfg *pgx.ConnConfig, opts Options) (*Runner, error) {
-	opts.Schema, opts.VersionTable = Names(opts.Schema, opts.VersionTable)
+	opts = opts.withDefaults()
 	if err := opts.checkNames(); err != nil {
 		return nil, err
 	}
-	if opts.FS == nil {
-		opts.FS = migrations.FS
+	if opts.LockTimeout > 0 {
+		cfg = cfg.Copy()
+		cfg.RuntimeParams["lock_timeout"] = strconv.FormatInt(max(opts.LockTimeout.Milliseconds(), 1), 10)
 	}
 	db, err := openDirect(ctx, cfg, opts.Schema, opts.Role)
 	if err != nil {
@@ -105,7 +150,7 @@ func Open(ctx context.Context, cfg *pgx.ConnConfig, opts Options) (*Runner, erro
 		return nil, fmt.Errorf("goose provider: %w", err)
 	}
 	ok = true
-	return &Runner{db: db, provider: provider, schema: opts.Schema}, nil
+	return &Runner{db: db, provider: provider, schema: opts.Schema, lockRetries: opts.LockRetries, log: opts.Log}, nil
 }
 
 // ensureSchema creates the runner's schema when it does not exist. Only a
@@ -178,7 +223,7 @@ func (r *Runner) Up(ctx context.Context) ([]*goose.MigrationResult, error) {
 	if err := r.prepare(ctx); err != nil {
 		return nil, err
 	}
-	res, err := r.provider.Up(ctx)
+	res, err := r.retryOnLockTimeout(ctx, func() ([]*goose.MigrationResult, error) { return r.provider.Up(ctx) })
 	return res, wrapErr("up", err)
 }
 
@@ -190,7 +235,7 @@ func (r *Runner) UpTo(ctx context.Context, version int64) ([]*goose.MigrationRes
 	if err := r.prepare(ctx); err != nil {
 		return nil, err
 	}
-	res, err := r.provider.UpTo(ctx, version)
+	res, err := r.retryOnLockTimeout(ctx, func() ([]*goose.MigrationResult, error) { return r.provider.UpTo(ctx, version) })
 	return res, wrapErr(fmt.Sprintf("up to %d", version), err)
 }
 
@@ -199,7 +244,12 @@ func (r *Runner) Down(ctx context.Context) (*goose.MigrationResult, error) {
 	if err := r.prepare(ctx); err != nil {
 		return nil, err
 	}
-	res, err := r.provider.Down(ctx)
+	var res *goose.MigrationResult
+	_, err := r.retryOnLockTimeout(ctx, func() ([]*goose.MigrationResult, error) {
+		var err error
+		res, err = r.provider.Down(ctx)
+		return nil, err
+	})
 	return res, wrapErr("down", err)
 }
 
@@ -213,7 +263,7 @@ func (r *Runner) DownTo(ctx context.Context, version int64) ([]*goose.MigrationR
 	if err := r.prepare(ctx); err != nil {
 		return nil, err
 	}
-	res, err := r.provider.DownTo(ctx, version)
+	res, err := r.retryOnLockTimeout(ctx, func() ([]*goose.MigrationResult, error) { return r.provider.DownTo(ctx, version) })
 	return res, wrapErr(fmt.Sprintf("down to %d", version), err)
 }
 
@@ -264,6 +314,56 @@ func (r *Runner) checkVersion(version int64) error {
 		}
 	}
 	return fmt.Errorf("%w: %d (the pack has 1..%d)", ErrNoSuchVersion, version, r.Latest())
+}
+
+// retryOnLockTimeout runs step, and again up to r.lockRetries times while
+// it fails because a migration waited longer than lock_timeout for a lock
+// (SQLSTATE 55P03: that migration was rolled back, the ones before it
+// stay). Each retry waits a little longer first and is logged. It returns
+// the migrations applied by every run, and the last error.
+func (r *Runner) retryOnLockTimeout(ctx context.Context, step func() ([]*goose.MigrationResult, error)) ([]*goose.MigrationResult, error) {
+	var done []*goose.MigrationResult
+	for attempt := 1; ; attempt++ {
+		res, err := step()
+		done = append(done, res...)
+		var partial *goose.PartialError
+		if errors.As(err, &partial) {
+			done = append(done, partial.Applied...)
+		}
+		if err == nil || !isLockTimeout(err) || attempt > r.lockRetries {
+			if err != nil && isLockTimeout(err) {
+				const hint = "waited longer than lock_timeout for a lock %d time(s) (the migration's header names the locks it takes; pg_stat_activity shows who holds them): %w"
+				if partial != nil {
+					partial.Err = fmt.Errorf(hint, attempt, partial.Err)
+				} else {
+					err = fmt.Errorf(hint, attempt, err)
+				}
+			}
+			if partial != nil {
+				partial.Applied = done
+			}
+			return done, err
+		}
+		what := "a migration"
+		if partial != nil && partial.Failed != nil {
+			what = partial.Failed.Source.Path
+		}
+		wait := time.Duration(attempt) * time.Second
+		fmt.Fprintf(r.log, "harness: %s waited longer than lock_timeout for a lock and was rolled back; retry %d of %d in %v\n",
+			what, attempt, r.lockRetries, wait)
+		select {
+		case <-ctx.Done():
+			return done, ctx.Err()
+		case <-time.After(wait):
+		}
+	}
+}
+
+// isLockTimeout reports whether err is PostgreSQL's lock_not_available
+// (SQLSTATE 55P03), what lock_timeout raises.
+func isLockTimeout(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "55P03"
 }
 
 func wrapErr(op string, err error) error {
