@@ -76,7 +76,7 @@ BEGIN
         SELECT k.definition INTO v_definition
         FROM (VALUES
             ('fetch_work_item', '4cc18c70dcdb8fa716f37e121b074580', 'pack 0028 fix', 19, true),
-            ('fetch_work_item', 'bc77cea801d434d8202277c022c39f3e', 'pack 0031 fix', 19, true)
+            ('fetch_work_item', '3c21f180d28e8c5d9334f34cf9419e04', 'pack 0031 fix', 19, true)
         ) AS k(function_name, fingerprint, definition, behaves_as, fixed)
         WHERE k.function_name = v_function.name
           AND k.fingerprint IN (v_raw, v_normalized);
@@ -157,6 +157,9 @@ BEGIN
         -- The visibility bound, where the planner can read it: a generic
         -- plan of a variable's bound walked every item scheduled for later
         -- (see the header). Local to this call (the SET clause restores it).
+        -- The query reads it with missing_ok: outside a call (a static
+        -- check plans the query) there is none, and a NULL bound matches
+        -- no row.
         PERFORM set_config('duroxide.fetch_visible_ms', v_now_ms::text, true);
 
         -- Candidate: the lowest id that is visible and unleased by the
@@ -165,7 +168,7 @@ BEGIN
             -- Without an owner, session-bound items are never eligible.
             SELECT q.id INTO v_id
             FROM worker_queue q
-            WHERE q.visible_at <= to_timestamp(current_setting('duroxide.fetch_visible_ms')::bigint / 1000.0)
+            WHERE q.visible_at <= to_timestamp(current_setting('duroxide.fetch_visible_ms', true)::bigint / 1000.0)
               AND (q.lock_token IS NULL OR q.locked_until <= v_now_ms)
               AND q.session_id IS NULL
               -- Tag routing; an unknown or NULL mode matches nothing.
@@ -188,7 +191,7 @@ BEGIN
             LEFT JOIN sessions s
                    ON s.session_id = q.session_id
                   AND s.locked_until > v_now_ms
-            WHERE q.visible_at <= to_timestamp(current_setting('duroxide.fetch_visible_ms')::bigint / 1000.0)
+            WHERE q.visible_at <= to_timestamp(current_setting('duroxide.fetch_visible_ms', true)::bigint / 1000.0)
               AND (q.lock_token IS NULL OR q.locked_until <= v_now_ms)
               AND (q.session_id IS NULL
                    OR ((s.worker_id = p_owner_id OR s.session_id IS NULL)
@@ -339,7 +342,7 @@ BEGIN
         SELECT k.definition INTO v_definition
         FROM (VALUES
             ('fetch_work_item', '4cc18c70dcdb8fa716f37e121b074580', 'pack 0028 fix', 19, true),
-            ('fetch_work_item', 'bc77cea801d434d8202277c022c39f3e', 'pack 0031 fix', 19, true)
+            ('fetch_work_item', '3c21f180d28e8c5d9334f34cf9419e04', 'pack 0031 fix', 19, true)
         ) AS k(function_name, fingerprint, definition, behaves_as, fixed)
         WHERE k.function_name = v_function.name
           AND k.fingerprint IN (v_raw, v_normalized);
