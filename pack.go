@@ -38,6 +38,13 @@ type Migration struct {
 	// benchmarks report these functions' uncontended cost against
 	// upstream's as intended rather than as missed targets.
 	Costs []string
+	// Locks is the header's "-- Locks:" paragraph: the locks the Up takes
+	// on existing tables, each as "MODE on table", and who waits for them
+	// ("" when the file has none).
+	Locks string
+	// Duration is the header's "-- Duration:" paragraph: how long the Up
+	// takes and what that grows with ("" when the file has none).
+	Duration string
 	// Up and Down are the file's two sections, as goose runs them.
 	Up, Down string
 	// Definitions are the function bodies the file can install, in file
@@ -91,6 +98,7 @@ var (
 	// The bookkeeping row a port's Up records for duroxide-pg's runner.
 	upstreamRowRE = regexp.MustCompile(`INSERT INTO _duroxide_migrations \(version, name\)\s+VALUES \((\d+), '([^']+)'\)`)
 	fixesRE       = regexp.MustCompile(`(?m)^-- Fixes: ([a-z_]+(?:, [a-z_]+)*)\s*$`)
+	headerLabelRE = regexp.MustCompile(`^[A-Z][a-z]+: `)
 	costsRE       = regexp.MustCompile(`(?m)^-- Costs: ([a-z_]+(?:, [a-z_]+)*)\s*$`)
 	addsRE        = regexp.MustCompile(`(?m)^-- Adds: ((?:table|index|function|trigger) [a-z_]+(?:, (?:table|index|function|trigger) [a-z_]+)*)\s*$`)
 	// A function body: CREATE [OR REPLACE] FUNCTION name(...) ... AS $fn$ body $fn$.
@@ -194,6 +202,8 @@ func parse(file, num, text string) (Migration, error) {
 	if c := costsRE.FindStringSubmatch(header); c != nil {
 		m.Costs = strings.Split(c[1], ", ")
 	}
+	m.Locks = headerParagraph(header, "Locks")
+	m.Duration = headerParagraph(header, "Duration")
 	switch {
 	case m.IsPort() && m.Costs != nil:
 		return m, fmt.Errorf("%s: a port changes no cost of upstream's, yet it has a -- Costs: line", file)
@@ -361,4 +371,26 @@ func LastContiguousPort() int64 {
 		v = m.Version
 	}
 	return v
+}
+
+// headerParagraph is the text of the header's "-- <label>:" paragraph, its
+// lines joined by single spaces: the label's line and the comment lines
+// after it, up to an empty comment line, another "-- Word:" line or the
+// end of the comment block. "" when the header has no such line.
+func headerParagraph(header, label string) string {
+	var words []string
+	in := false
+	for _, line := range strings.Split(header, "\n") {
+		text, isComment := strings.CutPrefix(line, "-- ")
+		switch {
+		case !in && isComment && strings.HasPrefix(text, label+": "):
+			in = true
+			words = append(words, strings.Fields(strings.TrimPrefix(text, label+": "))...)
+		case in && isComment && strings.TrimSpace(text) != "" && !headerLabelRE.MatchString(text):
+			words = append(words, strings.Fields(text)...)
+		case in:
+			return strings.Join(words, " ")
+		}
+	}
+	return strings.Join(words, " ")
 }

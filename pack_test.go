@@ -5,6 +5,7 @@ import (
 	"io/fs"
 	"maps"
 	"os"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -245,6 +246,94 @@ func TestEverySquawkExceptionSaysWhy(t *testing.T) {
 		}
 		if i == 0 || !strings.HasPrefix(strings.TrimSpace(lines[i-1]), "#") {
 			t.Errorf(".squawk.toml: excluded rule %s has no comment above it saying why", rule)
+		}
+	}
+}
+
+// lockModes are PostgreSQL's table lock modes, weakest first.
+var lockModes = []string{"ACCESS SHARE", "ROW SHARE", "ROW EXCLUSIVE", "SHARE UPDATE EXCLUSIVE",
+	"SHARE", "SHARE ROW EXCLUSIVE", "EXCLUSIVE", "ACCESS EXCLUSIVE"}
+
+// The statements of an Up that lock an existing table, with the mode
+// PostgreSQL takes for each (the table is the last group).
+var lockingStatements = []struct {
+	re   *regexp.Regexp
+	mode string // "" : the statement's own (LOCK TABLE)
+}{
+	{regexp.MustCompile(`(?im)^\s*ALTER TABLE (?:IF EXISTS )?(?:ONLY )?(\w+)`), "ACCESS EXCLUSIVE"},
+	{regexp.MustCompile(`(?im)^\s*CREATE (?:UNIQUE )?INDEX (?:IF NOT EXISTS )?\w+\s+ON\s+(\w+)`), "SHARE"},
+	{regexp.MustCompile(`(?im)^\s*CREATE (?:OR REPLACE )?TRIGGER \w+\s+(?:AFTER|BEFORE|INSTEAD OF)[^;]*?\sON\s+(\w+)`), "SHARE ROW EXCLUSIVE"},
+	{regexp.MustCompile(`(?im)^\s*DROP TRIGGER (?:IF EXISTS )?\w+ ON (\w+)`), "ACCESS EXCLUSIVE"},
+	{regexp.MustCompile(`(?im)^\s*TRUNCATE (?:TABLE )?(\w+)`), "ACCESS EXCLUSIVE"},
+	{regexp.MustCompile(`(?im)^\s*(?:UPDATE (\w+) SET|DELETE FROM (\w+)|INSERT INTO (\w+))`), "ROW EXCLUSIVE"},
+	{regexp.MustCompile(`(?im)^\s*LOCK TABLE (\w+) IN ([A-Z ]+?) MODE`), ""},
+}
+
+var (
+	createdTableRE = regexp.MustCompile(`(?i)CREATE TABLE (?:IF NOT EXISTS )?(\w+)`)
+	createdIndexRE = regexp.MustCompile(`(?i)CREATE (?:UNIQUE )?INDEX (?:IF NOT EXISTS )?(\w+)\s+ON\s+(\w+)`)
+	dropIndexRE    = regexp.MustCompile(`(?im)^\s*DROP INDEX (?:IF EXISTS )?(\w+)`)
+	// A function body, where statements run when the function is called,
+	// not when the migration is.
+	functionBodyRE = regexp.MustCompile(`(?s)CREATE (?:OR REPLACE )?FUNCTION .*?AS \$fn\$.*?\$fn\$`)
+	sqlCommentRE   = regexp.MustCompile(`(?m)--.*$`)
+)
+
+// An operator schedules a migration by what it locks and how long it takes:
+// every file's header says both, and its Locks paragraph names, as "MODE on
+// table", the strongest lock the Up's statements take on each table that
+// existed before it (worked out here from the statements), or says it takes
+// none.
+func TestEveryMigrationSaysWhatItLocksAndHowLongItTakes(t *testing.T) {
+	pack := migrations.MustPack()
+	indexTable := map[string]string{}
+	for _, m := range pack {
+		for _, c := range createdIndexRE.FindAllStringSubmatch(m.Up+m.Down, -1) {
+			indexTable[c[1]] = c[2]
+		}
+	}
+	for _, m := range pack {
+		if m.Locks == "" || m.Duration == "" {
+			t.Errorf("%s: the header needs a -- Locks: and a -- Duration: paragraph (locks %q, duration %q)", m.File, m.Locks, m.Duration)
+			continue
+		}
+		up := sqlCommentRE.ReplaceAllString(functionBodyRE.ReplaceAllString(m.Up, ""), "")
+		created := map[string]bool{"_duroxide_migrations": true}
+		for _, c := range createdTableRE.FindAllStringSubmatch(up, -1) {
+			created[c[1]] = true
+		}
+		strongest := map[string]string{}
+		take := func(table, mode string) {
+			if table == "" || created[table] {
+				return
+			}
+			if slices.Index(lockModes, mode) > slices.Index(lockModes, strongest[table]) {
+				strongest[table] = mode
+			}
+		}
+		for _, st := range lockingStatements {
+			for _, g := range st.re.FindAllStringSubmatch(up, -1) {
+				if st.mode == "" {
+					take(g[1], strings.ToUpper(g[2]))
+					continue
+				}
+				// The table is the statement's one non-empty group.
+				take(strings.Join(g[1:], ""), st.mode)
+			}
+		}
+		for _, g := range dropIndexRE.FindAllStringSubmatch(up, -1) {
+			take(indexTable[g[1]], "ACCESS EXCLUSIVE")
+		}
+		if len(strongest) == 0 {
+			if !strings.Contains(m.Locks, "no table lock") && !strings.Contains(m.Locks, "no lock on an existing table") {
+				t.Errorf("%s: its Up locks no existing table, and its Locks paragraph should say so (\"no table lock\"): %q", m.File, m.Locks)
+			}
+			continue
+		}
+		for table, mode := range strongest {
+			if want := mode + " on " + table; !strings.Contains(m.Locks, want) {
+				t.Errorf("%s: its Up takes %s; the Locks paragraph does not say %q: %q", m.File, want, want, m.Locks)
+			}
 		}
 	}
 }

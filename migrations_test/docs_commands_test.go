@@ -102,7 +102,7 @@ var docSpecs = map[string]docSpec{
 	"bin/harness doctor --dsn \"$DSN\" --schema duroxide":                                                                     {state: realUpstream, exits: map[string]int{"doctor": 1}}, // warnings: unfixed, no goose table
 	"bin/harness baseline --dsn \"$DSN\" --schema duroxide --dry-run   # what it would do, and what migrate up would then do": {state: realUpstream},
 	"bin/harness baseline   --dsn \"$ADMIN_DSN\" --schema duroxide --role duroxide_app":                                       {state: realAsApp},
-	"bin/harness migrate up --dsn \"$DSN\" --schema duroxide            # or --to 21: the fixes only":                         {state: fresh},
+	"bin/harness migrate plan --dsn \"$DSN\" --schema duroxide          # or --to 21":                                         {state: fresh},
 	"bin/harness sql up --dsn \"$DSN\" --schema duroxide -o duroxide-up.sql      # or --to 21":                                {state: fresh},
 	"export GOOSE_DRIVER=postgres": {state: fresh},
 	"bin/harness migrate up --dsn \"postgres://duroxide_owner@db-host:5432/app\" --schema duroxide   # direct: 5432": {state: fresh},

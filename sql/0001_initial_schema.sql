@@ -21,6 +21,10 @@
 -- Upstream creates every table IF NOT EXISTS. Under goose this file runs
 -- exactly once on an empty schema, so plain CREATE TABLE is used, except for
 -- _duroxide_migrations, which upstream's runner may already have created.
+--
+-- Locks: no lock on an existing table: it creates the schema's tables in a
+-- new, empty schema.
+-- Duration: milliseconds, whatever the tables hold.
 
 -- squawk-ignore-file ban-drop-table, prefer-identity -- upstream's own statements (its history 1..19 re-written for goose: the catalog must be the one upstream's runner makes; a Down undoes its Up)
 -- +goose Up

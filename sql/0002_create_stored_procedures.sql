@@ -40,6 +40,10 @@
 --   upstream never fixed it before 19.
 -- * upstream also drops abandon_orchestration_item(text, bigint), a signature
 --   that never existed; not copied.
+--
+-- Locks: no table lock: it only replaces functions (a call in flight finishes
+-- on the old text, the next call uses the new one).
+-- Duration: milliseconds, whatever the tables hold.
 
 -- +goose Up
 

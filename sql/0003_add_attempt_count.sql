@@ -8,6 +8,12 @@
 --
 -- Upstream uses ADD COLUMN IF NOT EXISTS. Under goose this file runs exactly
 -- once, so plain ADD COLUMN is used.
+--
+-- Locks: ACCESS EXCLUSIVE on orchestrator_queue, ACCESS EXCLUSIVE on
+-- worker_queue, to commit (ADD COLUMN with a constant default): every read and
+-- write of the queues waits.
+-- Duration: milliseconds, whatever the queues hold: a constant default is a
+-- catalog change, no table is rewritten.
 
 -- squawk-ignore-file ban-drop-column, prefer-bigint-over-int -- upstream's own statements (its history 1..19 re-written for goose: the catalog must be the one upstream's runner makes; a Down undoes its Up)
 -- +goose Up

@@ -16,6 +16,10 @@
 -- Upstream also re-issues abandon_orchestration_item, fetch_orchestration_item
 -- and renew_orchestration_item_lock here with behaviour identical to 0002;
 -- those no-op redefinitions are not repeated, so their 0002 text stays.
+--
+-- Locks: no table lock: it only replaces functions (a call in flight finishes
+-- on the old text, the next call uses the new one).
+-- Duration: milliseconds, whatever the tables hold.
 
 -- +goose Up
 

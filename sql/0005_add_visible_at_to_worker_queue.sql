@@ -14,6 +14,10 @@
 -- idx_worker_visible (CREATE INDEX IF NOT EXISTS). They are not repeated. Nor
 -- are upstream's unchanged re-issues of enqueue_worker_work(text) and
 -- get_queue_depths(bigint) (identical to 0002).
+--
+-- Locks: no table lock: it only replaces functions (a call in flight finishes
+-- on the old text, the next call uses the new one).
+-- Duration: milliseconds, whatever the tables hold.
 
 -- +goose Up
 

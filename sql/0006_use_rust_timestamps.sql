@@ -30,6 +30,10 @@
 -- * Upstream precedes each legacy function with a drop of a signature that
 --   never existed, and also drops ack_worker(text, text, text, bigint) before
 --   creating it; not copied.
+--
+-- Locks: no table lock: it only replaces functions (a call in flight finishes
+-- on the old text, the next call uses the new one).
+-- Duration: milliseconds, whatever the tables hold.
 
 -- +goose Up
 

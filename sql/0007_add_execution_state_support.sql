@@ -17,6 +17,10 @@
 --
 -- Upstream withdrew all of this in 0008 (both functions go back to their
 -- version-6 form). Kept here as upstream had it.
+--
+-- Locks: no table lock: it only replaces functions (a call in flight finishes
+-- on the old text, the next call uses the new one).
+-- Duration: milliseconds, whatever the tables hold.
 
 -- +goose Up
 

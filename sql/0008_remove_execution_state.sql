@@ -9,6 +9,10 @@
 --
 -- Both bodies below are copied verbatim from those files, so the functions at
 -- version 8 are identical to the ones at version 6.
+--
+-- Locks: no table lock: it only replaces functions (a call in flight finishes
+-- on the old text, the next call uses the new one).
+-- Duration: milliseconds, whatever the tables hold.
 
 -- +goose Up
 

@@ -27,6 +27,12 @@
 -- Upstream quirk kept knowingly: in this version the cancelled activities are
 -- deleted BEFORE the turn's worker items are inserted, so an activity that is
 -- scheduled and cancelled in the same turn survives. 0011 swaps the order.
+--
+-- Locks: ACCESS EXCLUSIVE on worker_queue, to commit (three ADD COLUMN, then
+-- idx_worker_activity_lookup built under that lock): every read and write of
+-- the worker queue waits.
+-- Duration: grows with worker_queue's rows (the index build reads and sorts
+-- them all); the columns are a catalog change.
 
 -- squawk-ignore-file ban-drop-column, require-concurrent-index-creation, require-concurrent-index-deletion -- upstream's own statements (its history 1..19 re-written for goose: the catalog must be the one upstream's runner makes; a Down undoes its Up)
 -- +goose Up

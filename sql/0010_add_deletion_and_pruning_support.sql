@@ -29,6 +29,11 @@
 -- The file header of upstream's 0010 mentions delete_instance_bulk and
 -- prune_executions_bulk: no such SQL functions exist (they live in the Rust
 -- provider).
+--
+-- Locks: ACCESS EXCLUSIVE on instances, to commit (ADD COLUMN, then
+-- idx_instances_parent built under that lock): every read and write of
+-- instances waits.
+-- Duration: grows with the rows of instances (the index build).
 
 -- squawk-ignore-file ban-drop-column, require-concurrent-index-creation, require-concurrent-index-deletion -- upstream's own statements (its history 1..19 re-written for goose: the catalog must be the one upstream's runner makes; a Down undoes its Up)
 -- +goose Up

@@ -7,6 +7,10 @@
 -- The turn's worker items are now inserted BEFORE the cancelled activities
 -- are deleted, so an activity that is both scheduled and cancelled in one ack
 -- ends up absent from worker_queue. Nothing else changes.
+--
+-- Locks: no table lock: it only replaces functions (a call in flight finishes
+-- on the old text, the next call uses the new one).
+-- Duration: milliseconds, whatever the tables hold.
 
 -- +goose Up
 

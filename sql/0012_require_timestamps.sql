@@ -26,6 +26,14 @@
 -- Down: restores the 7-argument ack_orchestration_item of 0011, the defaults
 -- and the nullability of the eight columns. It cannot un-backfill: rows whose
 -- NULL timestamps were filled with NOW() by the Up keep those values.
+--
+-- Locks: ACCESS EXCLUSIVE on instances, ACCESS EXCLUSIVE on executions, ACCESS
+-- EXCLUSIVE on history, ACCESS EXCLUSIVE on orchestrator_queue, ACCESS
+-- EXCLUSIVE on worker_queue, each to commit (DROP DEFAULT, a backfill of NULL
+-- timestamps, SET NOT NULL): every read and write of the five tables waits.
+-- Duration: grows with the rows of the five tables, history usually the
+-- largest: each is read in full twice (the backfill's scan, SET NOT NULL's
+-- check), and rows with a NULL are rewritten.
 
 -- squawk-ignore-file adding-not-nullable-field, ban-drop-not-null -- upstream's own statements (its history 1..19 re-written for goose: the catalog must be the one upstream's runner makes; a Down undoes its Up)
 -- +goose Up

@@ -33,6 +33,11 @@
 -- Note: the packed version is computed in bigint, so a large major number
 -- cannot overflow integer arithmetic. Like upstream, the file ends with a
 -- RAISE NOTICE.
+--
+-- Locks: ACCESS EXCLUSIVE on executions, to commit (three ADD COLUMN without a
+-- default).
+-- Duration: milliseconds, whatever executions holds: the columns are a catalog
+-- change.
 
 -- squawk-ignore-file ban-drop-column, prefer-bigint-over-int -- upstream's own statements (its history 1..19 re-written for goose: the catalog must be the one upstream's runner makes; a Down undoes its Up)
 -- +goose Up

@@ -34,6 +34,11 @@
 --   * ack_worker still deletes without checking the lease expiry (0015
 --     adds that check).
 --   * Like upstream, the file ends with a RAISE NOTICE.
+--
+-- Locks: ACCESS EXCLUSIVE on worker_queue, to commit (ADD COLUMN session_id,
+-- then idx_worker_queue_session_id built under that lock); it creates the
+-- table sessions.
+-- Duration: grows with worker_queue's rows (the index build).
 
 -- squawk-ignore-file ban-drop-column, ban-drop-table, require-concurrent-index-creation, require-concurrent-index-deletion -- upstream's own statements (its history 1..19 re-written for goose: the catalog must be the one upstream's runner makes; a Down undoes its Up)
 -- +goose Up

@@ -20,6 +20,11 @@
 -- clients by version), and no acking of a worker lease that has expired.
 --
 -- Like upstream, the file ends with a RAISE NOTICE.
+--
+-- Locks: ACCESS EXCLUSIVE on instances, to commit (two ADD COLUMN, one with a
+-- constant default).
+-- Duration: milliseconds, whatever instances holds: the columns are a catalog
+-- change.
 
 -- squawk-ignore-file ban-drop-column, prefer-bigint-over-int -- upstream's own statements (its history 1..19 re-written for goose: the catalog must be the one upstream's runner makes; a Down undoes its Up)
 -- +goose Up

@@ -25,6 +25,10 @@
 --   * Upstream also drops a 7-argument ack_orchestration_item that cannot
 --     exist at version 15; not reproduced.
 --   * Like upstream, the file ends with a RAISE NOTICE.
+--
+-- Locks: ACCESS EXCLUSIVE on worker_queue, to commit (ADD COLUMN tag, then
+-- idx_worker_queue_tag built under that lock).
+-- Duration: grows with worker_queue's rows (the index build).
 
 -- squawk-ignore-file ban-drop-column, require-concurrent-index-creation, require-concurrent-index-deletion -- upstream's own statements (its history 1..19 re-written for goose: the catalog must be the one upstream's runner makes; a Down undoes its Up)
 -- +goose Up

@@ -21,6 +21,10 @@
 --     iterations stay held until the transaction ends, so two fetchers can
 --     deadlock (40P01).
 --   * Like upstream, the file ends with a RAISE NOTICE.
+--
+-- Locks: no table lock: it only replaces functions (a call in flight finishes
+-- on the old text, the next call uses the new one).
+-- Duration: milliseconds, whatever the tables hold.
 
 -- +goose Up
 -- +goose StatementBegin

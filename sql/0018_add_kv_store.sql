@@ -32,6 +32,10 @@
 --   * Upstream also drops a 7-argument ack_orchestration_item that cannot
 --     exist at version 17; not reproduced.
 --   * Like upstream, the file ends with a RAISE NOTICE.
+--
+-- Locks: no lock on an existing table: it creates kv_store and its index, and
+-- replaces functions.
+-- Duration: milliseconds, whatever the tables hold.
 
 -- squawk-ignore-file ban-drop-table -- upstream's own statements (its history 1..19 re-written for goose: the catalog must be the one upstream's runner makes; a Down undoes its Up)
 -- +goose Up

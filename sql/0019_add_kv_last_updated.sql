@@ -25,6 +25,11 @@
 --   * fetch_orchestration_item keeps the defects of 0017 (stale p_now_ms,
 --     blocking advisory lock, unbounded retry loop); this pack's 0020
 --     addresses them.
+--
+-- Locks: ACCESS EXCLUSIVE on kv_store, to commit (ADD COLUMN with a constant
+-- default), and replaces functions.
+-- Duration: milliseconds, whatever kv_store holds: a constant default is a
+-- catalog change.
 
 -- squawk-ignore-file ban-drop-column -- upstream's own statements (its history 1..19 re-written for goose: the catalog must be the one upstream's runner makes; a Down undoes its Up)
 -- +goose Up

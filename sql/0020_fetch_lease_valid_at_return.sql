@@ -95,6 +95,10 @@
 -- and refuses an unknown one. Full body, not an edit of the installed
 -- text: the restored definition is a known one whatever text was
 -- installed before.
+--
+-- Locks: no table lock: it only replaces functions (a call in flight finishes
+-- on the old text, the next call uses the new one).
+-- Duration: milliseconds, whatever the tables hold.
 
 -- +goose Up
 -- +goose StatementBegin

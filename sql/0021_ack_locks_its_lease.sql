@@ -45,6 +45,10 @@
 -- Full bodies per behaviour, not an edit of the installed text: each body
 -- here can be reviewed and tested on its own, and the restored definition
 -- is a known one whatever text was installed before.
+--
+-- Locks: no table lock: it only replaces functions (a call in flight finishes
+-- on the old text, the next call uses the new one).
+-- Duration: milliseconds, whatever the tables hold.
 
 -- +goose Up
 -- +goose StatementBegin

@@ -48,6 +48,10 @@
 -- _duroxide_migrations records an upstream version above 20: duroxide-pg's
 -- runner applied it on top of this one (its objects use kv_delta); run
 -- `harness migrate up` first, then go down.
+--
+-- Locks: no lock on an existing table: it creates kv_delta (unless upstream's
+-- runner did) and replaces functions.
+-- Duration: milliseconds, whatever the tables hold.
 
 -- squawk-ignore-file ban-drop-table -- the port's Down drops the table its Up (upstream's 20) added
 -- +goose Up

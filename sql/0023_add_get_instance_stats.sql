@@ -31,6 +31,10 @@
 -- Down drops get_instance_stats and restores cleanup_schema verbatim from
 -- 0022_add_kv_delta.sql. It refuses, changing nothing, while
 -- _duroxide_migrations records an upstream version above 21 (see 0022).
+--
+-- Locks: no table lock: it only replaces functions (a call in flight finishes
+-- on the old text, the next call uses the new one).
+-- Duration: milliseconds, whatever the tables hold.
 
 -- +goose Up
 -- +goose StatementBegin

@@ -21,13 +21,23 @@
 --
 -- Operational note: an index is rebuilt only when it is not partial yet
 -- (re-application over duroxide-pg's runner's 23 rebuilds nothing). A
--- rebuild takes a SHARE lock on its table for the time of the build, which
--- blocks writes to the queue; queue tables are normally small. For a large
--- backlog, build the new index first with CREATE INDEX CONCURRENTLY under
--- another name outside this migration, then let this migration swap it.
+-- rebuild drops the index first, which takes ACCESS EXCLUSIVE on its table
+-- to commit: reads and writes of the queue wait for the build; queue tables
+-- are normally small. For a large backlog, make the index partial
+-- beforehand, outside this migration (CREATE INDEX CONCURRENTLY under
+-- another name, DROP INDEX CONCURRENTLY the old one, ALTER INDEX ... RENAME
+-- TO its name): this migration then finds it partial and rebuilds nothing.
 --
 -- Down makes the three indexes full again, and refuses, changing nothing,
 -- while _duroxide_migrations records an upstream version above 23 (see 0022).
+--
+-- Locks: ACCESS EXCLUSIVE on orchestrator_queue, ACCESS EXCLUSIVE on
+-- worker_queue, to commit, for each of the three indexes that is not yet
+-- partial (DROP INDEX, then the partial index built under that lock): every
+-- read and write of that queue waits. None when all three already are (a
+-- database upstream's runner took to 23).
+-- Duration: each rebuild grows with its queue's rows (an index build reads
+-- them all); milliseconds when nothing is rebuilt.
 
 -- squawk-ignore-file require-concurrent-index-creation, require-concurrent-index-deletion -- the port's Down puts back upstream 21's full indexes, as upstream's 23 replaced them
 -- +goose Up

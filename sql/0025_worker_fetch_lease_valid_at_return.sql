@@ -87,6 +87,10 @@
 -- Down identifies the definition the same way and restores version 19's
 -- definition (the pack's 0016 text, behaviourally identical to upstream's);
 -- it refuses an unknown one.
+--
+-- Locks: no table lock: it only replaces functions (a call in flight finishes
+-- on the old text, the next call uses the new one).
+-- Duration: milliseconds, whatever the tables hold.
 
 -- +goose Up
 -- +goose StatementBegin

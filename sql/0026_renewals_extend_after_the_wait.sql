@@ -53,6 +53,10 @@
 -- Down identifies the definitions the same way and restores version 19's
 -- (the pack's texts, behaviourally identical to upstream's); it refuses an
 -- unknown one.
+--
+-- Locks: no table lock: it only replaces functions (a call in flight finishes
+-- on the old text, the next call uses the new one).
+-- Duration: milliseconds, whatever the tables hold.
 
 -- +goose Up
 -- +goose StatementBegin

@@ -100,6 +100,15 @@
 -- Down restores 0020's fix over any definition the Up knows but upstream's
 -- candidate (left as it is; refusing an unknown one, as the Up) and drops
 -- the triggers, the functions, the table and the indexes it added.
+--
+-- Locks: SHARE on orchestrator_queue while idx_orch_instance_head is built
+-- (writes wait, reads go on), then SHARE ROW EXCLUSIVE on orchestrator_queue
+-- to commit while the triggers are created and the heads are backfilled
+-- (writes wait, reads, fetches among them, go on); it creates
+-- orchestrator_queue_heads.
+-- Duration: grows with orchestrator_queue's rows: the index build and the
+-- backfill each read every message (1.9 s from goose 26 to 28 with
+-- 1,000,000 messages over 100,000 instances, measured on PostgreSQL 15).
 
 -- squawk-ignore-file ban-drop-table, require-concurrent-index-creation, require-concurrent-index-deletion -- the Up builds idx_orch_instance_head in the transaction that backfills the heads, which must see every message (writers wait for the build: docs/OPERATIONS.md); the Down drops the pack's own heads table and index
 -- +goose Up
@@ -540,25 +549,24 @@ $fn$;
 -- +goose StatementEnd
 
 -- Writers wait from here to the end of the migration's transaction, so the
--- heads built below miss nothing.
+-- heads built below miss nothing; readers, the fetches among them, do not
+-- wait. CREATE OR REPLACE TRIGGER (PostgreSQL 14) keeps that lock: a DROP
+-- TRIGGER takes ACCESS EXCLUSIVE, which would hold every read of the queue
+-- for the whole backfill.
 LOCK TABLE orchestrator_queue IN SHARE ROW EXCLUSIVE MODE;
 
-DROP TRIGGER IF EXISTS orchestrator_queue_heads_after_insert ON orchestrator_queue;
-CREATE TRIGGER orchestrator_queue_heads_after_insert
+CREATE OR REPLACE TRIGGER orchestrator_queue_heads_after_insert
     AFTER INSERT ON orchestrator_queue
     FOR EACH ROW EXECUTE FUNCTION orchestrator_queue_heads_after_insert();
-DROP TRIGGER IF EXISTS orchestrator_queue_heads_after_delete ON orchestrator_queue;
-CREATE TRIGGER orchestrator_queue_heads_after_delete
+CREATE OR REPLACE TRIGGER orchestrator_queue_heads_after_delete
     AFTER DELETE ON orchestrator_queue
     FOR EACH ROW EXECUTE FUNCTION orchestrator_queue_heads_after_delete();
-DROP TRIGGER IF EXISTS orchestrator_queue_heads_after_update ON orchestrator_queue;
-CREATE TRIGGER orchestrator_queue_heads_after_update
+CREATE OR REPLACE TRIGGER orchestrator_queue_heads_after_update
     AFTER UPDATE OF visible_at, instance_id, id ON orchestrator_queue
     FOR EACH ROW
     WHEN (NEW.visible_at < OLD.visible_at OR NEW.instance_id IS DISTINCT FROM OLD.instance_id OR NEW.id <> OLD.id)
     EXECUTE FUNCTION orchestrator_queue_heads_after_update();
-DROP TRIGGER IF EXISTS orchestrator_queue_heads_after_truncate ON orchestrator_queue;
-CREATE TRIGGER orchestrator_queue_heads_after_truncate
+CREATE OR REPLACE TRIGGER orchestrator_queue_heads_after_truncate
     AFTER TRUNCATE ON orchestrator_queue
     FOR EACH STATEMENT EXECUTE FUNCTION orchestrator_queue_heads_after_truncate();
 

@@ -46,6 +46,10 @@
 --
 -- Down identifies the definition the same way and restores 0025's fix; it
 -- refuses an unknown one.
+--
+-- Locks: no table lock: it only replaces functions (a call in flight finishes
+-- on the old text, the next call uses the new one).
+-- Duration: milliseconds, whatever the tables hold.
 
 -- +goose Up
 -- +goose StatementBegin

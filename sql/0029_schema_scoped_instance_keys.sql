@@ -45,6 +45,8 @@
 -- waits for the transactions that write or row-lock the queue, then keeps
 -- new ones out while three functions are replaced: milliseconds on an idle
 -- queue); no row is read or written.
+-- Duration: milliseconds, whatever the queue holds, once the transactions
+-- it waits for have ended.
 --
 -- Down restores 0027's three definitions over any definition the Up
 -- knows, and refuses (SQLSTATE 55000, nothing changed) while

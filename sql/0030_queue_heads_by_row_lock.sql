@@ -80,6 +80,8 @@
 -- advisory keys under the old protocol) and keeps new ones out while the
 -- two helpers are replaced; milliseconds on an idle queue, whatever its
 -- size (no row is read or written). Plain reads go on.
+-- Duration: milliseconds, whatever the queue holds, once the transactions
+-- it waits for have ended.
 --
 -- Down restores 0029's helpers and 0027's delete trigger over any
 -- definition the Up knows, under the same lock, and refuses an unknown one.

@@ -38,9 +38,10 @@
 -- Which fetch it replaces: 0028's fix, or this fix (installed again);
 -- anything else fails with SQLSTATE 55000 and changes nothing.
 --
--- Locks: none beyond the catalog's (CREATE OR REPLACE FUNCTION); no row is
--- read or written; it takes milliseconds whatever the queue's size. A
--- fetch running meanwhile finishes with the old text.
+-- Locks: no table lock: it only replaces a function (CREATE OR REPLACE
+-- FUNCTION); no row is read or written. A fetch running meanwhile
+-- finishes with the old text.
+-- Duration: milliseconds, whatever the tables hold.
 --
 -- Down restores 0028's fix, refusing an unknown definition as the Up.
 

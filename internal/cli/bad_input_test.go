@@ -88,7 +88,7 @@ func TestBadInputIsRefusedAndLeavesTheCatalogAsItWas(t *testing.T) {
 	refusedDSN := srv.DSN("no_such_database")
 	// The commands that act on a database, with what each needs besides.
 	commands := [][]string{
-		{"migrate", "up"}, {"migrate", "down", "--to", "1"}, {"migrate", "status"}, {"migrate", "version"},
+		{"migrate", "up"}, {"migrate", "down", "--to", "1"}, {"migrate", "status"}, {"migrate", "version"}, {"migrate", "plan"},
 		{"baseline"}, {"baseline", "--dry-run"}, {"sql", "up"}, {"sql", "down", "--to", "1"}, {"doctor"},
 	}
 	var cases []badInput
@@ -126,7 +126,7 @@ func TestBadInputIsRefusedAndLeavesTheCatalogAsItWas(t *testing.T) {
 		badInput{"migrate up: version 0", []string{"migrate", "up", "--to", "0", "--dsn", dsn}, 0, "--to 0: version 0 does not exist"},
 		badInput{"sql up: version 0", []string{"sql", "up", "--to", "0", "--dsn", dsn}, 0, "--to 0: version 0 does not exist"},
 		badInput{"migrate up into a new schema: a version beyond the latest", []string{"migrate", "up", "--to", "99", "--schema", "t1", "--dsn", dsn}, 0, "--to 99"},
-		badInput{"migrate status: --to", []string{"migrate", "status", "--to", "3", "--dsn", dsn}, 0, "--to only applies to up and down"},
+		badInput{"migrate status: --to", []string{"migrate", "status", "--to", "3", "--dsn", dsn}, 0, "--to only applies to up, down and plan"},
 		badInput{"migrate up: a negative --lock-timeout", []string{"migrate", "up", "--lock-timeout", "-1s", "--dsn", dsn}, 0, "--lock-timeout -1s is negative"},
 		badInput{"migrate up: a --lock-timeout below a millisecond", []string{"migrate", "up", "--lock-timeout", "10us", "--dsn", dsn}, 0, "below a millisecond"},
 		badInput{"migrate up: a negative --lock-retries", []string{"migrate", "up", "--lock-retries", "-2", "--dsn", dsn}, 0, "--lock-retries -2 is negative"},

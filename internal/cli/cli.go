@@ -67,7 +67,7 @@ type env struct {
 
 func commands() []command {
 	return []command{
-		{"migrate", "apply or roll back migrations: migrate up|down|status|version [--to N] [--dsn DSN | --env NAME] [--schema S]", runMigrate},
+		{"migrate", "apply or roll back migrations, or plan them: migrate up|down|status|version|plan [--to N] [--lock-timeout D] [--dsn DSN | --env NAME] [--schema S]", runMigrate},
 		{"db", "throwaway database: db start [--backend auto|local|dsn|docker]", runDB},
 		{"sql", "print the SQL migrate would run, for review and psql: sql up|down [--to N] [--dsn DSN | --env NAME] [--schema S] [-o FILE]", runSQL},
 		{"baseline", "adopt a database made by duroxide-pg's own runner: baseline [--dsn DSN | --env NAME] [--schema S] [--dry-run] [--force]", runBaseline},

@@ -78,7 +78,7 @@ func flagsOf(t *testing.T, name string) []string {
 
 func TestDocumentsNameOnlyCommandsFlagsAndVersionsTheCodeHas(t *testing.T) {
 	actions := map[string][]string{
-		"migrate": {"up", "down", "status", "version"},
+		"migrate": {"up", "down", "status", "version", "plan"},
 		"sql":     {"up", "down"},
 		"db":      {"start"},
 		"repro":   append(repro.Kinds(), "all"),

@@ -4,9 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"regexp"
+	"slices"
 	"strconv"
+	"strings"
 	"text/tabwriter"
 	"time"
+
+	migrations "github.com/duroxide-pg/migrations"
 
 	"github.com/duroxide-pg/migrations/harness/ops/migrate"
 )
@@ -25,18 +31,18 @@ func runMigrate(ctx context.Context, env *env, args []string) error {
 		return err
 	}
 	if len(pos) != 1 {
-		return usagef("migrate needs one action: up, down, status or version (e.g. `harness migrate up --dsn ...`)")
+		return usagef("migrate needs one action: up, down, status, version or plan (e.g. `harness migrate up --dsn ...`)")
 	}
 	action := pos[0]
 	switch action {
-	case "up", "down", "status", "version":
+	case "up", "down", "status", "version", "plan":
 	default:
-		return usagef("unknown migrate action %q: use up, down, status or version", action)
+		return usagef("unknown migrate action %q: use up, down, status, version or plan", action)
 	}
 	var version int64 = -1
 	if *to != "" {
-		if action != "up" && action != "down" {
-			return usagef("--to only applies to up and down")
+		if action != "up" && action != "down" && action != "plan" {
+			return usagef("--to only applies to up, down and plan")
 		}
 		v, err := strconv.ParseInt(*to, 10, 64)
 		if err != nil || v < 0 {
@@ -65,7 +71,7 @@ func runMigrate(ctx context.Context, env *env, args []string) error {
 	// status, version and the check before down only read: goose's own
 	// provider would create the schema and its table to answer them.
 	switch action {
-	case "status", "version", "down":
+	case "status", "version", "down", "plan":
 		st, err := t.inspect(ctx)
 		if err != nil {
 			return err
@@ -79,6 +85,8 @@ func runMigrate(ctx context.Context, env *env, args []string) error {
 			return nil
 		case action == "status":
 			return printStatus(env, t, st)
+		case action == "plan":
+			return printPlan(env, st, version)
 		case !st.SchemaExists || !st.TableExists:
 			return usagef("%s: nothing to roll back; nothing was created", missingWhat(st))
 		}
@@ -176,4 +184,99 @@ func printVersion(ctx context.Context, env *env, r *migrate.Runner, prefix strin
 	}
 	fmt.Fprintf(env.Stdout, "%s %d (schema %s)\n", prefix, v, r.Schema())
 	return nil
+}
+
+// printPlan lists what `migrate up [--to version]` would apply to the
+// schema as st found it, each migration with its header's locks and
+// duration and the size of the tables those locks name. It only reads.
+func printPlan(env *env, st *migrate.State, to int64) error {
+	pack, err := migrations.Pack()
+	if err != nil {
+		return err
+	}
+	if to < 0 {
+		to = pack[len(pack)-1].Version
+	}
+	var pending []migrations.Migration
+	for _, m := range pack {
+		if _, applied := st.AppliedAt(m.Version); !applied && m.Version <= to {
+			pending = append(pending, m)
+		}
+	}
+	if !st.TableExists {
+		fmt.Fprintf(env.Stderr, "harness: %s: every migration is pending\n", missingWhat(st))
+	}
+	if len(pending) == 0 {
+		fmt.Fprintf(env.Stdout, "schema %s is at goose version %d: nothing to apply up to %d\n", st.Schema, st.Version(), to)
+		return nil
+	}
+	fmt.Fprintf(env.Stdout, "schema %s is at goose version %d; `migrate up` to %d applies %d migration(s), each in its own transaction:\n",
+		st.Schema, st.Version(), to, len(pending))
+	for _, m := range pending {
+		fmt.Fprintf(env.Stdout, "\n%s\n", m.File)
+		fmt.Fprint(env.Stdout, indentWrap("locks:    ", or(m.Locks, "(the file does not say)")))
+		fmt.Fprint(env.Stdout, indentWrap("duration: ", or(m.Duration, "(the file does not say)")))
+		var sizes []string
+		for _, name := range slices.Sorted(maps.Keys(st.Tables)) {
+			if lockedTableRE(name).MatchString(m.Locks) {
+				sizes = append(sizes, fmt.Sprintf("%s %s, %s", name, rowsText(st.Tables[name].Rows), bytesText(st.Tables[name].Bytes)))
+			}
+		}
+		if len(sizes) > 0 {
+			fmt.Fprint(env.Stdout, indentWrap("tables:   ", strings.Join(sizes, "; ")))
+		}
+	}
+	return nil
+}
+
+// lockedTableRE matches "on <table>" in a Locks paragraph, the table's name
+// as a whole word.
+func lockedTableRE(table string) *regexp.Regexp {
+	return regexp.MustCompile(`\bon ` + regexp.QuoteMeta(table) + `\b`)
+}
+
+func or(s, otherwise string) string {
+	if s == "" {
+		return otherwise
+	}
+	return s
+}
+
+func rowsText(n int64) string {
+	if n < 0 {
+		return "rows unknown (never analyzed)"
+	}
+	return fmt.Sprintf("~%d rows", n)
+}
+
+func bytesText(n int64) string {
+	switch {
+	case n >= 1<<30:
+		return fmt.Sprintf("%.1f GB", float64(n)/(1<<30))
+	case n >= 1<<20:
+		return fmt.Sprintf("%.1f MB", float64(n)/(1<<20))
+	default:
+		return fmt.Sprintf("%d kB", n>>10)
+	}
+}
+
+// indentWrap wraps text at 78 columns after label, the lines after the
+// first indented by the label's width.
+func indentWrap(label, text string) string {
+	var b strings.Builder
+	line := "  " + label
+	pad := strings.Repeat(" ", len(line))
+	for i, w := range strings.Fields(text) {
+		if i > 0 && len(line)+1+len(w) > 78 {
+			b.WriteString(line + "\n")
+			line = pad + w
+			continue
+		}
+		if i > 0 {
+			line += " "
+		}
+		line += w
+	}
+	b.WriteString(line + "\n")
+	return b.String()
 }

@@ -31,6 +31,17 @@ type State struct {
 	TableExists  bool
 	// Applied are the versions goose's table records as applied, in order.
 	Applied []Applied
+	// Tables are the schema's tables by name, with their size (Inspect
+	// reads them; nil elsewhere).
+	Tables map[string]TableSize
+}
+
+// TableSize is what a migration's duration grows with: the planner's
+// estimate of a table's rows (pg_class.reltuples, -1 when the table was
+// never analyzed or vacuumed) and its size on disk with its indexes.
+type TableSize struct {
+	Rows  int64
+	Bytes int64
 }
 
 // Version is the newest applied version (0 for none).
@@ -98,7 +109,35 @@ func Inspect(ctx context.Context, cfg *pgx.ConnConfig, opts Options) (*State, er
 	if _, err := CheckAdopted(ctx, db, opts.Schema, opts.VersionTable); err != nil {
 		return nil, err
 	}
-	return readState(ctx, db, opts.Schema, opts.VersionTable)
+	st, err := readState(ctx, db, opts.Schema, opts.VersionTable)
+	if err != nil {
+		return nil, err
+	}
+	if st.Tables, err = readTableSizes(ctx, db, opts.Schema); err != nil {
+		return nil, err
+	}
+	return st, nil
+}
+
+// readTableSizes reads the size of every table of schema; it only reads.
+func readTableSizes(ctx context.Context, db *sql.DB, schema string) (map[string]TableSize, error) {
+	rows, err := db.QueryContext(ctx, `SELECT c.relname, c.reltuples::bigint, pg_total_relation_size(c.oid)
+		FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+		WHERE n.nspname = $1 AND c.relkind IN ('r', 'p')`, schema)
+	if err != nil {
+		return nil, fmt.Errorf("read the table sizes of schema %s: %w", schema, err)
+	}
+	defer rows.Close()
+	out := map[string]TableSize{}
+	for rows.Next() {
+		var name string
+		var size TableSize
+		if err := rows.Scan(&name, &size.Rows, &size.Bytes); err != nil {
+			return nil, fmt.Errorf("read the table sizes of schema %s: %w", schema, err)
+		}
+		out[name] = size
+	}
+	return out, rows.Err()
 }
 
 // Source is one migration file of a pack.

@@ -1,0 +1,74 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	migrations "github.com/duroxide-pg/migrations"
+)
+
+// `migrate plan` lists what `migrate up` would apply, each migration with
+// the locks and duration its header states and the size of the tables
+// those locks name, and changes nothing.
+func TestMigratePlanListsPendingMigrationsWithTheirLocks(t *testing.T) {
+	srv := startServer(t)
+	ctx := context.Background()
+	name, err := srv.CreateDatabase(ctx, "cli_", "")
+	require.NoError(t, err)
+	dsn := srv.DSN(name)
+
+	// Start just before the fix that adds the queue heads, with a queue
+	// its backfill reads.
+	pack := migrations.MustPack()
+	i := slices.IndexFunc(pack, func(m migrations.Migration) bool {
+		return slices.Contains(m.Adds, "table orchestrator_queue_heads")
+	})
+	require.GreaterOrEqual(t, i, 1, "no migration of the pack adds the queue heads")
+	heads := pack[i]
+	from := strconv.FormatInt(heads.Version-1, 10)
+	code, _, errOut := run(t, "migrate", "up", "--dsn", dsn, "--schema", "s", "--to", from)
+	require.Equal(t, exitOK, code, errOut)
+	conn, err := pgx.Connect(ctx, dsn)
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	_, err = conn.Exec(ctx, `INSERT INTO s.orchestrator_queue (instance_id, work_item, visible_at, created_at)
+		SELECT 'i-' || g, '{}', now(), now() FROM generate_series(1, 1000) g; ANALYZE s.orchestrator_queue`)
+	require.NoError(t, err)
+
+	code, out, errOut := run(t, "migrate", "plan", "--dsn", dsn, "--schema", "s")
+	require.Equal(t, exitOK, code, errOut)
+	require.Contains(t, out, fmt.Sprintf("schema s is at goose version %s; `migrate up` to %d applies %d migration(s)",
+		from, migrations.Latest(), len(pack)-i))
+	for _, m := range pack[i:] {
+		require.Contains(t, out, "\n"+m.File+"\n", "every pending migration is listed")
+	}
+	require.NotContains(t, out, pack[i-1].File, "an applied migration is not listed")
+	section := out[strings.Index(out, heads.File):]
+	section = section[:strings.Index(section[len(heads.File)+1:], ".sql\n")+len(heads.File)+1]
+	require.Contains(t, section, "locks:    SHARE on orchestrator_queue")
+	require.Contains(t, section, "duration: grows with orchestrator_queue's rows")
+	require.Contains(t, section, "orchestrator_queue ~1000 rows")
+
+	code, _, _ = run(t, "migrate", "version", "--dsn", dsn, "--schema", "s")
+	require.Equal(t, exitOK, code)
+	var v int64
+	require.NoError(t, conn.QueryRow(ctx, "SELECT max(version_id) FROM s.goose_db_version").Scan(&v))
+	require.Equal(t, heads.Version-1, v, "plan changed the schema's version")
+
+	code, out, errOut = run(t, "migrate", "plan", "--dsn", dsn, "--schema", "s", "--to", strconv.FormatInt(heads.Version, 10))
+	require.Equal(t, exitOK, code, errOut)
+	require.Contains(t, out, "applies 1 migration(s)")
+
+	code, _, errOut = run(t, "migrate", "up", "--dsn", dsn, "--schema", "s")
+	require.Equal(t, exitOK, code, errOut)
+	code, out, _ = run(t, "migrate", "plan", "--dsn", dsn, "--schema", "s")
+	require.Equal(t, exitOK, code)
+	require.Contains(t, out, "nothing to apply")
+}
