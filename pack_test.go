@@ -5,8 +5,10 @@ import (
 	"io/fs"
 	"maps"
 	"os"
+	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"testing/fstest"
@@ -336,4 +338,48 @@ func TestEveryMigrationSaysWhatItLocksAndHowLongItTakes(t *testing.T) {
 			}
 		}
 	}
+}
+
+// The documents count the objects the pack adds to upstream's catalog ("six
+// functions, four triggers"); every such count is the one the fixes' Adds
+// lines give, so that a fix adding or removing one must correct them.
+func TestDocumentsCountTheObjectsThePackAdds(t *testing.T) {
+	added := map[string]int{}
+	for _, m := range migrations.Fixes() {
+		for _, a := range m.Adds {
+			kind, _, _ := strings.Cut(a, " ")
+			added[kind]++
+		}
+	}
+	words := map[string]int{"a": 1, "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7,
+		"eight": 8, "nine": 9, "ten": 10, "eleven": 11, "twelve": 12}
+	kinds := map[string]string{"tables": "table", "table": "table", "indexes": "index", "index": "index",
+		"functions": "function", "function": "function", "triggers": "trigger", "trigger": "trigger"}
+	countRE := regexp.MustCompile(`(?i)\b(a|one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve|\d+) (tables?|indexes|index|functions?|triggers?)[;,)]`)
+	docs, err := filepath.Glob("docs/*.md")
+	require.NoError(t, err)
+	counted := 0
+	for _, file := range append(docs, "README.md", "sql/README.md") {
+		text, err := os.ReadFile(file)
+		require.NoError(t, err)
+		// Only a list of the pack's additions counts them: the objects named
+		// in one parenthesis or sentence with the heads or 0027.
+		for _, sentence := range regexp.MustCompile(`[^.(]*\([^)]*\)|[^.]+\.`).FindAllString(string(text), -1) {
+			if !strings.Contains(sentence, "0027") && !strings.Contains(sentence, "heads") && !strings.Contains(sentence, "catalog") {
+				continue
+			}
+			for _, c := range countRE.FindAllStringSubmatch(sentence, -1) {
+				n, ok := words[strings.ToLower(c[1])]
+				if !ok {
+					n, _ = strconv.Atoi(c[1])
+				}
+				kind := kinds[strings.ToLower(c[2])]
+				counted++
+				if n != added[kind] {
+					t.Errorf("%s: %q counts %d %s(s); the fixes' Adds lines add %d", file, strings.TrimSpace(c[0]), n, kind, added[kind])
+				}
+			}
+		}
+	}
+	require.NotZero(t, counted, "no document counts the pack's additions: is the pattern still right?")
 }
