@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -214,8 +215,8 @@ func printPlan(env *env, st *migrate.State, to int64) error {
 		st.Schema, st.Version(), to, len(pending))
 	for _, m := range pending {
 		fmt.Fprintf(env.Stdout, "\n%s\n", m.File)
-		fmt.Fprint(env.Stdout, indentWrap("locks:    ", or(m.Locks, "(the file does not say)")))
-		fmt.Fprint(env.Stdout, indentWrap("duration: ", or(m.Duration, "(the file does not say)")))
+		fmt.Fprint(env.Stdout, indentWrap("locks:    ", cmp.Or(m.Locks, "(the file does not say)")))
+		fmt.Fprint(env.Stdout, indentWrap("duration: ", cmp.Or(m.Duration, "(the file does not say)")))
 		var sizes []string
 		for _, name := range slices.Sorted(maps.Keys(st.Tables)) {
 			if lockedTableRE(name).MatchString(m.Locks) {
@@ -233,13 +234,6 @@ func printPlan(env *env, st *migrate.State, to int64) error {
 // as a whole word.
 func lockedTableRE(table string) *regexp.Regexp {
 	return regexp.MustCompile(`\bon ` + regexp.QuoteMeta(table) + `\b`)
-}
-
-func or(s, otherwise string) string {
-	if s == "" {
-		return otherwise
-	}
-	return s
 }
 
 func rowsText(n int64) string {
