@@ -9,7 +9,7 @@ MATRIX_MAJORS ?= 14 18
 MAJORS  ?=
 FUZZTIME ?= 10m
 
-.PHONY: help upstream test repro bench fuzz soak lint lint-sql up db build matrix matrix-quick
+.PHONY: help upstream test repro bench fuzz soak reliability lint lint-sql up db build matrix matrix-quick
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
@@ -38,8 +38,12 @@ worker-waits: ## run the 16-fetcher worker test RUNS times (default 200) on a se
 fuzz: ## fuzz the fault scenarios against the invariants: make fuzz [FUZZTIME=10m]
 	$(GO) test -run '^$$' -fuzz '^FuzzInvariants$$' -fuzztime $(FUZZTIME) -parallel 2 -timeout 0 ./internal/sim/faults
 
-soak: ## all faults mixed for 5 minutes, exit 1 on any invariant violation
+soak: upstream ## all faults mixed for 5 minutes on the simulator, then the real runtime's faults (backends terminated, server and PgBouncer restarts) mixed for 5 minutes; exit 1 on any invariant violation, or anything lost, doubled or wrong on the pack's side
 	$(HARNESS) soak --duration 5m
+	$(HARNESS) soak --runtime --duration 5m
+
+reliability: upstream ## every fault scenario of the real runtime once, in its long form (300 orchestrations a side), about 5 min; writes the table into docs/RELIABILITY.md
+	$(HARNESS) soak --runtime --each --doc docs/RELIABILITY.md
 
 lint-sql: ## squawk (the migration linter, pinned in tools/squawk) on every migration in sql/: exceptions are listed in .squawk.toml and in each file, with their reasons
 	@command -v npm >/dev/null 2>&1 || { echo "make lint-sql: npm not found: it installs squawk (npm squawk-cli)"; exit 1; }

@@ -73,7 +73,7 @@ func commands() []command {
 		{"baseline", "adopt a database made by duroxide-pg's own runner: baseline [--dsn DSN | --env NAME] [--schema S] [--dry-run] [--force]", runBaseline},
 		{"doctor", "health check, exit 0 ok / 1 warning / 2 critical / 64 bad input: doctor [--dsn DSN | --env NAME] [--schema S] [--format text|json|prometheus] [--watch 5s] [--max-attempts 10] [--reset-attempts INSTANCE... [--apply]]", runDoctor},
 		{"bench", benchSummary, runBench},
-		{"soak", "fault-injection soak, exit 1 on any invariant violation: soak [--duration 5m] [--round 20s] [--dsn DSN] [--version N] [--seed N] [--no-restart] [--json FILE]", runSoak},
+		{"soak", "fault-injection soak, exit 1 on any invariant violation: soak [--duration 5m] [--round 20s] [--dsn DSN] [--version N] [--seed N] [--no-restart] [--json FILE] | soak --runtime [--duration 5m] [--each] [--orchestrations N] [--doc FILE]", runSoak},
 		{"repro", "show the bugs before the pack's fixes and the fixes: " + strings.TrimPrefix(reproUsage, "usage: harness "), runRepro},
 		{"version", "the pack's version, the sha256 of the migrations built in, and the build: version [--config FILE]", runVersion},
 	}

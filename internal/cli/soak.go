@@ -32,9 +32,33 @@ func runSoak(ctx context.Context, env *env, args []string) error {
 	seed := fs.Uint64("seed", 0, "seed of the rounds' parameters (0: from the clock)")
 	noRestart := fs.Bool("no-restart", false, "never restart the server (restarts need the local backend anyway)")
 	jsonOut := fs.String("json", "", "also write the summary as JSON to this file")
+	realRuntime := fs.Bool("runtime", false, "soak the real duroxide runtime instead of the simulator: backends terminated, server and PgBouncer restarts, mixed, on upstream's schema and the pack's latest (docs/RELIABILITY.md)")
+	each := fs.Bool("each", false, "with --runtime: run every scenario once (the clock cells too) instead of mixed rounds for --duration")
+	orchestrations := fs.Int("orchestrations", 300, "with --runtime: orchestrations per side and round")
+	doc := fs.String("doc", "", "with --runtime: write the table into this document's marked section (docs/RELIABILITY.md)")
 	pos, err := parse(fs, args)
 	if err != nil {
 		return err
+	}
+	if *realRuntime {
+		switch {
+		case len(pos) > 0:
+			return usagef("soak takes no arguments, got %q (run `harness soak -h`)", pos[0])
+		case *duration <= 0:
+			return usagef("--duration must be positive, e.g. --duration 5m")
+		case *orchestrations < 1 || *orchestrations > 10000:
+			return usagef("--orchestrations %d: use 1..10000", *orchestrations)
+		case *version != 0:
+			return usagef("--version: soak --runtime runs the pack's latest against upstream's schema")
+		}
+		if *seed == 0 {
+			*seed = uint64(time.Now().UnixNano())
+		}
+		return runRuntimeSoak(ctx, env, runtimeSoak{dsn: *dsn, duration: *duration, orchestrations: *orchestrations,
+			each: *each, doc: *doc, seed: *seed})
+	}
+	if *each || *doc != "" {
+		return usagef("--each and --doc go with --runtime")
 	}
 	latest, oldest := migrations.Latest(), faults.OldestVersion()
 	switch {

@@ -4,9 +4,13 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"regexp"
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/duroxide-pg/migrations/internal/realfaults"
+	"github.com/duroxide-pg/migrations/internal/testenv/upstream"
 )
 
 func TestSoakUsageErrors(t *testing.T) {
@@ -18,6 +22,12 @@ func TestSoakUsageErrors(t *testing.T) {
 		{"--version", "99"},
 		{"--version", "3"},
 		{"extra"},
+		{"--each"},
+		{"--doc", "docs/RELIABILITY.md"},
+		{"--runtime", "--orchestrations", "0"},
+		{"--runtime", "--version", "20"},
+		{"--runtime", "--duration", "0s"},
+		{"--runtime", "extra"},
 	} {
 		code, _, errOut := runCmd(t, runSoak, args...)
 		require.Equal(t, ExitUsage, code, "%v: %s", args, errOut)
@@ -43,4 +53,22 @@ func TestSoakShort(t *testing.T) {
 	require.Equal(t, 1, sum.Rounds)
 	require.Positive(t, sum.Checks)
 	require.Zero(t, sum.Violations)
+}
+
+// A short soak of the real runtime: one round of a scenario drawn by the
+// seed, its table on stdout and in the marked section of a document, and
+// the verdict (nothing lost, doubled or wrong on the pack's side).
+func TestSoakRuntimeShort(t *testing.T) {
+	upstream.Require(t)
+	doc := filepath.Join(t.TempDir(), "doc.md")
+	require.NoError(t, os.WriteFile(doc, []byte("before\n"+realfaults.BeginMarker+"\nold\n"+realfaults.EndMarker+"\nafter\n"), 0o644))
+	code, stdout, stderr := runCmd(t, runSoak, "--runtime", "--duration", "1s", "--orchestrations", "30", "--seed", "3", "--doc", doc)
+	require.Equal(t, exitOK, code, "stdout:\n%s\nstderr:\n%s", stdout, stderr)
+	t.Log("\n" + stdout)
+	require.Contains(t, stdout, "| scenario | faults injected | side |")
+	require.Contains(t, stdout, "verdict: on the pack's side nothing was lost")
+	b, err := os.ReadFile(doc)
+	require.NoError(t, err)
+	require.Regexp(t, `(?s)^before\n`+regexp.QuoteMeta(realfaults.BeginMarker)+`\n30 orchestrations per side.*\| pack \| 30 \|.*`+regexp.QuoteMeta(realfaults.EndMarker)+`\nafter\n$`, string(b))
+	require.NotContains(t, string(b), "\nold\n", "the section's old text is gone")
 }

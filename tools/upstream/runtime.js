@@ -130,6 +130,27 @@ const orchestrations = {
     const data = yield waitEvent('Go');
     return input + ':' + data;
   },
+  // An activity, a timer, then a fan-out of three activities and their
+  // fan-in: the faults' load (scenario faultLoad). Output
+  // {"square":4,"fanIn":50} (2², then 3² + 4² + 5²).
+  *Mixed(ctx, input) {
+    const square = Number(yield activity('Square', 2));
+    yield timer(Number(input));
+    const results = JSON.parse(yield { type: 'join', tasks: [3, 4, 5].map((n) => activity('Square', n)) });
+    let fanIn = 0;
+    for (const r of results) fanIn += 'ok' in r ? Number(r.ok) : 0;
+    return JSON.stringify({ square, fanIn });
+  },
+  // input sub-orchestrations of Once in one join: the turn that starts
+  // them queues a message for each of input instances in one ack (the
+  // bulk scenario). Output {"children":n,"ok":k}.
+  *Spawner(ctx, input) {
+    const n = Number(input);
+    const tasks = [];
+    for (let i = 0; i < n; i++) tasks.push({ type: 'subOrchestration', name: 'Once', input: String(i) });
+    const results = JSON.parse(yield { type: 'join', tasks });
+    return JSON.stringify({ children: results.length, ok: results.filter((r) => 'ok' in r).length });
+  },
   // Waits for an event nobody sends (until cancelled).
   *Forever(ctx) {
     dx.orchestrationSetCustomStatus(ctx.instanceId, 'waiting');
@@ -138,8 +159,16 @@ const orchestrations = {
   },
 };
 
+// Executions of Square by instance, execution and input, reported when the
+// request asks for activityRuns: the faults' load counts the executions
+// beyond one per scheduled activity (duroxide runs an activity at least
+// once), over every runtime process on the schema.
+const squareRuns = new Map();
+
 const activities = {
   async Square(ctx, input) {
+    const key = ctx.instanceId + '#' + ctx.executionId + '#' + input;
+    squareRuns.set(key, (squareRuns.get(key) || 0) + 1);
     const n = Number(input);
     return String(n * n);
   },
@@ -368,9 +397,18 @@ const scenarios = {
     return { status: completed === count ? 'Completed' : 'Incomplete', count, completed, wallMs, perSecond: (completed * 1000) / Math.max(wallMs, 1) };
   },
   // No instance: the runtime only works for delayMs (another process's
-  // instances, in a run of several runtime processes on one schema).
-  async idle(client, id, s) {
-    await sleep(s.delayMs || 1000);
+  // instances, in a run of several runtime processes on one schema), or,
+  // with untilFile, until that file exists (at most timeoutMs).
+  async idle(client, id, s, timeoutMs) {
+    if (!s.untilFile) {
+      await sleep(s.delayMs || 1000);
+      return { status: 'Completed' };
+    }
+    const deadline = Date.now() + timeoutMs;
+    while (!fs.existsSync(s.untilFile)) {
+      if (Date.now() > deadline) return { status: 'Incomplete', error: 'untilFile never appeared' };
+      await sleep(50);
+    }
     return { status: 'Completed' };
   },
   // One instance of Once the caller works against from outside (the
@@ -451,6 +489,93 @@ const scenarios = {
       subscribedMs, raisedMs, wallMs: Date.now() - started,
     };
   },
+  // One Spawner of count children (the bulk scenario): its status.
+  async spawn(client, id, s, timeoutMs) {
+    const started = Date.now();
+    await client.startOrchestration(id, 'Spawner', String(s.count || 1000));
+    return Object.assign(outcome(await waitDone(client, id, timeoutMs)), { wallMs: Date.now() - started });
+  },
+  // The client's bulk calls over every terminal instance (at most count):
+  // pruneExecutionsBulk keeping the last execution, then deleteInstanceBulk.
+  async clientBulk(client, id, s) {
+    const limit = s.count || 1000;
+    const started = Date.now();
+    const pruned = await client.pruneExecutionsBulk({ limit }, { keepLast: 1 });
+    const prunedMs = Date.now() - started;
+    const deleted = await client.deleteInstanceBulk({ limit });
+    return {
+      status: 'Completed',
+      pruned: { instances: pruned.instancesProcessed, executions: pruned.executionsDeleted },
+      deleted: { instances: deleted.instancesDeleted, executions: deleted.executionsDeleted },
+      prunedMs, deletedMs: Date.now() - started - prunedMs,
+    };
+  },
+  // count instances of Mixed (an activity, a timer of delayMs, a fan-out
+  // of three), started at once, while the caller injects faults into the
+  // database (backends killed, a server restart): every client call is
+  // retried until it answers, a start included (a start is idempotent by
+  // instance id), and an instance is waited for by polling its status
+  // until it is terminal or timeoutMs runs out. signalFile gets "started"
+  // once every start has returned, then "done". The result counts the
+  // instances completed with the expected output, completed with another
+  // one, failed (by error text), and not terminal (lost); the request's
+  // activityRuns counts the executions of Square.
+  async faultLoad(client, id, s, timeoutMs) {
+    const count = s.count || 100;
+    const want = JSON.stringify({ square: 4, fanIn: 50 });
+    const deadline = Date.now() + timeoutMs;
+    const ids = [];
+    for (let i = 0; i < count; i++) ids.push(`${id}-${i}`);
+    let clientErrors = 0;
+    const retried = async (call) => {
+      for (;;) {
+        try {
+          return await call();
+        } catch (err) {
+          clientErrors++;
+          if (Date.now() > deadline) throw err;
+          await sleep(100);
+        }
+      }
+    };
+    const started = Date.now();
+    await Promise.all(ids.map((x) => retried(() => client.startOrchestration(x, 'Mixed', String(s.delayMs || 100)))));
+    signal(s.signalFile, 'started', { count });
+    const terminal = (st) => st.status === 'Completed' || st.status === 'Failed';
+    const finals = await Promise.all(ids.map(async (x) => {
+      for (;;) {
+        let st;
+        try {
+          st = await client.getStatus(x);
+        } catch (err) {
+          clientErrors++;
+          st = null;
+        }
+        if (st && terminal(st)) return st;
+        if (Date.now() > deadline) return st || { status: 'Unknown' };
+        await sleep(200);
+      }
+    }));
+    signal(s.signalFile, 'done', {});
+    const out = { count, completed: 0, wrong: 0, failed: 0, lost: 0, failures: {}, lostStatuses: {}, wrongSample: [], clientErrors };
+    finals.forEach((st) => {
+      if (st.status === 'Completed' && st.output === want) out.completed++;
+      else if (st.status === 'Completed') {
+        out.wrong++;
+        if (out.wrongSample.length < 3) out.wrongSample.push(st.output);
+      } else if (st.status === 'Failed') {
+        out.failed++;
+        const text = String(st.error);
+        out.failures[text] = (out.failures[text] || 0) + 1;
+      } else {
+        out.lost++;
+        out.lostStatuses[st.status] = (out.lostStatuses[st.status] || 0) + 1;
+      }
+    });
+    out.wallMs = Date.now() - started;
+    out.status = out.completed === count ? 'Completed' : 'Incomplete';
+    return out;
+  },
 };
 
 // After every scenario: what the whole database looks like to the client.
@@ -497,8 +622,11 @@ async function main() {
   const runMs = Date.now() - runStarted;
   const out = { results, runMs, turns: turns, liveGenerators: live.size, metrics: rt.metricsSnapshot() };
   if (request.finalState) out.final = await finalState(client);
+  if (request.activityRuns) out.activityRuns = Object.fromEntries(squareRuns);
   await rt.shutdown(request.shutdownMs === undefined ? 200 : request.shutdownMs);
   out.wallMs = Date.now() - started;
+  // The process's clock when it reported (libfaketime may skew it).
+  out.nowMs = Date.now();
   process.stdout.write(JSON.stringify(out) + '\n', () => process.exit(0));
 }
 

@@ -31,6 +31,7 @@ const envPgBouncer = "PGBOUNCER"
 // on a free port, as an unprivileged user when we are root, and stopped by
 // Close (or with this process).
 type PgBouncer struct {
+	bin      string
 	dir      string
 	port     int
 	mode     string
@@ -73,7 +74,7 @@ func StartPgBouncer(ctx context.Context, srv *Server, mode string) (*PgBouncer, 
 	if err != nil {
 		return nil, err
 	}
-	b := &PgBouncer{mode: mode, upstream: srv.ConnConfig("postgres"), logs: &syncBuffer{}, done: make(chan error, 1)}
+	b := &PgBouncer{mode: mode, upstream: srv.ConnConfig("postgres"), logs: &syncBuffer{}}
 	if os.Geteuid() == 0 {
 		if b.cred, err = unprivileged(); err != nil {
 			return nil, err
@@ -94,25 +95,63 @@ func StartPgBouncer(ctx context.Context, srv *Server, mode string) (*PgBouncer, 
 	if err := b.writeConfig(); err != nil {
 		return nil, err
 	}
-	cmd := exec.Command(bin, filepath.Join(b.dir, "pgbouncer.ini"))
+	b.bin = bin
+	if err := b.launch(ctx); err != nil {
+		return nil, err
+	}
+	ok = true
+	return b, nil
+}
+
+// launch starts pgbouncer on b's configuration and waits until it accepts
+// connections.
+func (b *PgBouncer) launch(ctx context.Context) error {
+	b.done = make(chan error, 1)
+	cmd := exec.Command(b.bin, filepath.Join(b.dir, "pgbouncer.ini"))
 	cmd.Dir = b.dir
 	cmd.Stdout = b.logs
 	cmd.Stderr = b.logs
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: b.cred, Pdeathsig: syscall.SIGTERM, Setpgid: true}
 	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start pgbouncer: %w", err)
+		return fmt.Errorf("start pgbouncer: %w", err)
 	}
 	b.cmd = cmd
-	go func() { b.done <- cmd.Wait() }()
+	done := b.done
+	go func() { done <- cmd.Wait() }()
 	// sweepStale leaves the directory of a live pgbouncer alone.
 	if err := os.WriteFile(filepath.Join(b.dir, bouncerPIDFile), []byte(strconv.Itoa(cmd.Process.Pid)+"\n"), 0o644); err != nil {
-		return nil, fmt.Errorf("write pgbouncer's pid: %w", err)
+		return fmt.Errorf("write pgbouncer's pid: %w", err)
 	}
-	if err := b.waitReady(ctx); err != nil {
-		return nil, err
+	return b.waitReady(ctx)
+}
+
+// Restart stops pgbouncer (SIGTERM: every client connection is cut off)
+// and starts it again on the same port, as an operator's restart or a
+// crash and its supervisor would.
+func (b *PgBouncer) Restart(ctx context.Context) error {
+	if err := b.stop(); err != nil {
+		return err
 	}
-	ok = true
-	return b, nil
+	return b.launch(ctx)
+}
+
+// stop sends pgbouncer SIGTERM (its immediate shutdown) and waits for it,
+// killing it after 10 s.
+func (b *PgBouncer) stop() error {
+	if b.cmd == nil || b.cmd.Process == nil {
+		return nil
+	}
+	var err error
+	_ = b.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-b.done:
+	case <-time.After(10 * time.Second):
+		_ = syscall.Kill(-b.cmd.Process.Pid, syscall.SIGKILL)
+		<-b.done
+		err = errors.New("pgbouncer did not stop in 10s and was killed")
+	}
+	b.cmd = nil
+	return err
 }
 
 func (b *PgBouncer) writeConfig() error {
@@ -136,6 +175,10 @@ func (b *PgBouncer) writeConfig() error {
 		"auth_type = trust",
 		"auth_file = " + filepath.Join(b.dir, "users.txt"),
 		"pool_mode = " + b.mode,
+		// The duroxide runtime's provider (sqlx) sends this startup
+		// parameter, which pgbouncer refuses unless told to ignore it:
+		// the setting every sqlx or JDBC client behind pgbouncer needs.
+		"ignore_startup_parameters = extra_float_digits",
 		"max_client_conn = 1000",
 		"default_pool_size = 100",
 		"admin_users = " + up.User,
@@ -214,24 +257,26 @@ func (b *PgBouncer) DSN(name string) string {
 	return u.String()
 }
 
+// RuntimeDSN is a URL of database name through pgbouncer for the duroxide
+// runtime's provider (sqlx), which reads none of pgx's parameters.
+func (b *PgBouncer) RuntimeDSN(name string) string {
+	u := url.URL{
+		Scheme:   "postgres",
+		Host:     fmt.Sprintf("127.0.0.1:%d", b.port),
+		Path:     "/" + name,
+		User:     url.User(b.upstream.User),
+		RawQuery: "sslmode=disable",
+	}
+	return u.String()
+}
+
 // Logs is what pgbouncer wrote so far.
 func (b *PgBouncer) Logs() string { return b.logs.String() }
 
 // Close stops pgbouncer (SIGTERM: its immediate shutdown; clients still
 // connected are cut off) and removes its directory.
 func (b *PgBouncer) Close() error {
-	var err error
-	if b.cmd != nil && b.cmd.Process != nil {
-		_ = b.cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-b.done:
-		case <-time.After(10 * time.Second):
-			_ = syscall.Kill(-b.cmd.Process.Pid, syscall.SIGKILL)
-			<-b.done
-			err = errors.New("pgbouncer did not stop in 10s and was killed")
-		}
-		b.cmd = nil
-	}
+	err := b.stop()
 	if b.dir != "" {
 		if rmErr := os.RemoveAll(b.dir); rmErr != nil {
 			err = errors.Join(err, fmt.Errorf("remove %s: %w", b.dir, rmErr))

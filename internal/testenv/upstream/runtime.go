@@ -3,10 +3,12 @@ package upstream
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -55,6 +57,9 @@ type Scenario struct {
 	// "subscribed", "raised", "done"), so that a caller working against the
 	// runtime from outside can time its actions to the client's.
 	SignalFile string `json:"signalFile,omitempty"`
+	// UntilFile ends scenario idle once the file exists (at most the
+	// scenario's wait).
+	UntilFile string `json:"untilFile,omitempty"`
 }
 
 // Run is one run of the driver: one runtime process on one schema.
@@ -73,6 +78,21 @@ type Run struct {
 	// driver's process as DUROXIDE_PG_POOL_MAX (0: the provider's default,
 	// 10, or whatever the environment already says).
 	PoolMax int
+	// ApplicationName names the runtime's connections
+	// (pg_stat_activity.application_name), so that a caller injecting
+	// faults finds them; empty leaves the DSN's. It needs a DSN in URL
+	// form, the only one the provider reads.
+	ApplicationName string
+	// Via is a DSN (URL form) the runtime connects with instead of src's:
+	// the same database through PgBouncer. The harness's own statements
+	// still go to src.
+	Via string
+	// Env are environment entries ("NAME=value") the driver's process
+	// gets on top of this process's (libfaketime's, to skew its clock).
+	Env []string
+	// ActivityRuns asks for the executions of the driver's Square activity
+	// by instance, execution and input (RuntimeResult.ActivityRuns).
+	ActivityRuns bool
 }
 
 // envPoolMax is the variable duroxide-pg reads its pool size from.
@@ -137,10 +157,18 @@ type RuntimeResult struct {
 	RunMs int64 `json:"runMs"`
 	// WallMs is the process's time to the report, provider connection included.
 	WallMs int64 `json:"wallMs"`
+	// NowMs is the process's clock when it reported (epoch ms), and
+	// ClockOffset its difference from this process's clock when the report
+	// was read (libfaketime's offset, give or take the report's delivery).
+	NowMs       int64         `json:"nowMs"`
+	ClockOffset time.Duration `json:"-"`
 	// Turns is the number of orchestration turns the driver ran (create calls).
 	Turns   int                `json:"turns"`
 	Metrics map[string]float64 `json:"metrics"`
 	Final   map[string]any     `json:"final,omitempty"`
+	// ActivityRuns are the executions of the driver's Square activity by
+	// "instance#execution#input", when the run asked for them.
+	ActivityRuns map[string]int `json:"activityRuns,omitempty"`
 	// Logs are the runtime's WARN and ERROR lines, in order.
 	Logs []LogLine `json:"-"`
 	// SetAside lists the versions of _duroxide_migrations (above
@@ -220,10 +248,14 @@ func (p *Provider) RunRuntime(ctx context.Context, src *dbconn.Source, run Run) 
 	}
 	defer os.RemoveAll(logDir)
 	logFile := filepath.Join(logDir, "runtime.log")
+	dsn, err := withApplicationName(cmp.Or(run.Via, src.DSN()), run.ApplicationName)
+	if err != nil {
+		return nil, fmt.Errorf("runtime run: %w", err)
+	}
 	req, err := json.Marshal(map[string]any{
-		"dsn": src.DSN(), "schema": run.Schema, "logFile": logFile, "runtime": run.Runtime,
+		"dsn": dsn, "schema": run.Schema, "logFile": logFile, "runtime": run.Runtime,
 		"scenarios": run.Scenarios, "prefix": run.Prefix, "timeoutMs": wait.Milliseconds(),
-		"finalState": run.FinalState,
+		"finalState": run.FinalState, "activityRuns": run.ActivityRuns,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("runtime run: %w", err)
@@ -234,9 +266,12 @@ func (p *Provider) RunRuntime(ctx context.Context, src *dbconn.Source, run Run) 
 	defer cancel()
 	cmd := exec.CommandContext(ctx, p.node, driver, p.addon)
 	cmd.Stdin = bytes.NewReader(req)
-	if run.PoolMax > 0 {
+	if run.PoolMax > 0 || len(run.Env) > 0 {
 		// The rest of the environment as it is; a later entry wins.
-		cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%d", envPoolMax, run.PoolMax))
+		cmd.Env = append(os.Environ(), run.Env...)
+		if run.PoolMax > 0 {
+			cmd.Env = append(cmd.Env, fmt.Sprintf("%s=%d", envPoolMax, run.PoolMax))
+		}
 	}
 	var stdout bytes.Buffer
 	stderr := newConnectedWriter()
@@ -263,6 +298,7 @@ func (p *Provider) RunRuntime(ctx context.Context, src *dbconn.Source, run Run) 
 		}
 	}
 	<-exited
+	readAt := time.Now()
 	logs, logErr := readLog(logFile)
 	var res RuntimeResult
 	var fatal struct {
@@ -284,7 +320,24 @@ func (p *Provider) RunRuntime(ctx context.Context, src *dbconn.Source, run Run) 
 	}
 	res.Logs = logs
 	res.SetAside = setAsideVersions
+	res.ClockOffset = time.Duration(res.NowMs-readAt.UnixMilli()) * time.Millisecond
 	return &res, nil
+}
+
+// withApplicationName returns dsn with its application_name set to name
+// (dsn as it is when name is empty).
+func withApplicationName(dsn, name string) (string, error) {
+	if name == "" {
+		return dsn, nil
+	}
+	u, err := url.Parse(dsn)
+	if err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
+		return "", errors.New("an application name needs a DSN in URL form (postgres://...)")
+	}
+	q := u.Query()
+	q.Set("application_name", name)
+	u.RawQuery = q.Encode()
+	return u.String(), nil
 }
 
 // readLog reads the runtime's JSON log and keeps its WARN and ERROR lines.
