@@ -38,9 +38,10 @@ worker-waits: ## run the 16-fetcher worker test RUNS times (default 200) on a se
 fuzz: ## fuzz the fault scenarios against the invariants: make fuzz [FUZZTIME=10m]
 	$(GO) test -run '^$$' -fuzz '^FuzzInvariants$$' -fuzztime $(FUZZTIME) -parallel 2 -timeout 0 ./internal/sim/faults
 
-soak: upstream ## all faults mixed for 5 minutes on the simulator, then the real runtime's faults (backends terminated, server and PgBouncer restarts) mixed for 5 minutes; exit 1 on any invariant violation, or anything lost, doubled or wrong on the pack's side
+soak: upstream ## all faults mixed for 5 minutes on the simulator; the real runtime's faults (backends terminated, server and PgBouncer restarts) mixed for 5 minutes, then every scenario of docs/RELIABILITY.md once in its long form; exit 1 on any invariant violation, or anything lost, doubled or wrong on the pack's side
 	$(HARNESS) soak --duration 5m
 	$(HARNESS) soak --runtime --duration 5m
+	$(HARNESS) soak --runtime --each
 
 reliability: upstream ## every fault scenario of the real runtime once, in its long form (300 orchestrations a side), about 5 min; writes the table into docs/RELIABILITY.md
 	$(HARNESS) soak --runtime --each --doc docs/RELIABILITY.md
