@@ -58,7 +58,7 @@ type Load struct {
 	Orchestrations int
 	// TimerMs is the Mixed orchestration's timer.
 	TimerMs int
-	// FaultFor bounds the fault's run.
+	// FaultFor bounds the fault's run (zero: as long as the load runs).
 	FaultFor time.Duration
 	// Deadline is how long each side waits for its instances to reach a
 	// terminal state; one that has not is lost.
@@ -231,7 +231,13 @@ func Run(ctx context.Context, p *upstream.Provider, target Target, sides []Side,
 		report.Fault = fault.Name()
 		if waitSignals(ctx, signals, "started", runsDone) {
 			// The fault runs while the load does, for at most FaultFor.
-			fctx, cancel := context.WithTimeout(ctx, load.FaultFor)
+			var fctx context.Context
+			var cancel context.CancelFunc
+			if load.FaultFor > 0 {
+				fctx, cancel = context.WithTimeout(ctx, load.FaultFor)
+			} else {
+				fctx, cancel = context.WithCancel(ctx)
+			}
 			go func() {
 				select {
 				case <-runsDone:
