@@ -244,28 +244,23 @@ func (b *PgBouncer) Mode() string { return b.mode }
 // statements, so in transaction mode a named statement prepared on one
 // server connection is missing on the next.
 func (b *PgBouncer) DSN(name string) string {
-	u := url.URL{
-		Scheme: "postgres",
-		Host:   fmt.Sprintf("127.0.0.1:%d", b.port),
-		Path:   "/" + name,
-		User:   url.User(b.upstream.User),
-	}
-	q := url.Values{}
-	q.Set("sslmode", "disable")
-	q.Set("default_query_exec_mode", "simple_protocol")
-	u.RawQuery = q.Encode()
-	return u.String()
+	return b.url(name, "default_query_exec_mode=simple_protocol&sslmode=disable")
 }
 
 // RuntimeDSN is a URL of database name through pgbouncer for the duroxide
 // runtime's provider (sqlx), which reads none of pgx's parameters.
 func (b *PgBouncer) RuntimeDSN(name string) string {
+	return b.url(name, "sslmode=disable")
+}
+
+// url is a URL of database name through pgbouncer with query query.
+func (b *PgBouncer) url(name, query string) string {
 	u := url.URL{
 		Scheme:   "postgres",
 		Host:     fmt.Sprintf("127.0.0.1:%d", b.port),
 		Path:     "/" + name,
 		User:     url.User(b.upstream.User),
-		RawQuery: "sslmode=disable",
+		RawQuery: query,
 	}
 	return u.String()
 }
