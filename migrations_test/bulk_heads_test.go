@@ -28,11 +28,6 @@ import (
 // bulkInstances is the size of every bulk transaction.
 const bulkInstances = 100_000
 
-// defaultLockCapacity are PostgreSQL's defaults for the settings that size
-// the shared lock table (max_locks_per_transaction x max_connections
-// entries).
-var defaultLockCapacity = []string{"max_connections=100", "max_locks_per_transaction=64", "max_prepared_transactions=0"}
-
 // defaultConfiguredPool starts a throwaway server of its own with
 // PostgreSQL's default lock capacity (the shared test server has a larger
 // one) and hands out databases on it.
@@ -42,7 +37,7 @@ func defaultConfiguredPool(t *testing.T) *testdb.Pool {
 	if opts.Backend == pgtest.DSN || (opts.Backend == "" && opts.DSN != "") {
 		t.Skip("needs a server started with PostgreSQL's default max_connections and max_locks_per_transaction; HARNESS_DSN names an existing server, whose settings this test cannot choose")
 	}
-	opts.Settings = defaultLockCapacity
+	opts.Settings = pgtest.DefaultLockCapacity()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	srv, err := pgtest.Start(ctx, opts)

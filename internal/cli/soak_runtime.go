@@ -235,10 +235,6 @@ func runRuntimeRound(ctx context.Context, lab *runtimeLab, sc runtimeScenario, o
 	return realfaults.Run(ctx, lab.provider, target, sides, fault, load)
 }
 
-// defaultLockCapacity are PostgreSQL's defaults for the settings that size
-// the shared lock table.
-var defaultLockCapacity = []string{"max_connections=100", "max_locks_per_transaction=64", "max_prepared_transactions=0"}
-
 // runBulkAtDefaults runs the bulk operations in their long form on a
 // server of their own started at PostgreSQL's default lock capacity; with
 // an existing server (--dsn), whose settings it cannot choose, it runs
@@ -248,7 +244,7 @@ func runBulkAtDefaults(ctx context.Context, env *env, p *upstream.Provider, dsn 
 	if dsn != "" || opts.Backend == pgtest.DSN || (opts.Backend == "" && opts.DSN != "") {
 		return nil, "needs a server started at PostgreSQL's default lock capacity; --dsn names an existing one", nil
 	}
-	opts.Settings = defaultLockCapacity
+	opts.Settings = pgtest.DefaultLockCapacity()
 	srv, err := obtainServerWith(ctx, opts)
 	if err != nil {
 		return nil, "", err

@@ -58,6 +58,14 @@ type Options struct {
 	Logf func(format string, args ...any)
 }
 
+// DefaultLockCapacity are Options.Settings that give a started server
+// PostgreSQL's defaults for the settings that size the shared lock table
+// (max_locks_per_transaction x max_connections entries): what a bulk
+// transaction meets on a server nobody tuned.
+func DefaultLockCapacity() []string {
+	return []string{"max_connections=100", "max_locks_per_transaction=64", "max_prepared_transactions=0"}
+}
+
 // OptionsFromEnv reads HARNESS_BACKEND, HARNESS_DSN, PG_BIN and
 // HARNESS_PG_IMAGE. It does not read DATABASE_URL: that usually names the
 // application's own database (duroxide-pg's and duroxide-node's tests use
