@@ -114,6 +114,17 @@ func RunBulk(ctx context.Context, p *upstream.Provider, src *dbconn.Source, side
 			if err != nil {
 				bs.Error = err.Error()
 			}
+			// A runtime stopped at its deadline can leave a statement
+			// running in the server (PostgreSQL notices a vanished client
+			// only when it next writes to it): it would load the steps
+			// and the side that follow.
+			left, err := settle(ctx, conn, bulkApp(s))
+			if err != nil {
+				return nil, fmt.Errorf("realfaults: after %q on %s: %w", step.name, s.Name, err)
+			}
+			if left > 0 {
+				bs.Note = strings.TrimPrefix(fmt.Sprintf("%s; %d statements it left running terminated", bs.Note, left), "; ")
+			}
 			side.Steps = append(side.Steps, bs)
 		}
 		rep.Sides = append(rep.Sides, side)
@@ -126,6 +137,35 @@ func RunBulk(ctx context.Context, p *upstream.Provider, src *dbconn.Source, side
 	return rep, nil
 }
 
+// bulkApp is the application_name of side s's runtime processes in a
+// bulk run.
+func bulkApp(s Side) string { return "realfaults-bulk-" + s.Name }
+
+// settle terminates the backends of application app still connected and
+// waits until they are gone (at most a minute); it returns how many of
+// them were running a statement.
+func settle(ctx context.Context, conn *pgx.Conn, app string) (int, error) {
+	var n int
+	if err := conn.QueryRow(ctx, `SELECT count(*) FILTER (WHERE state = 'active'), count(pg_terminate_backend(pid))
+		FROM pg_stat_activity WHERE application_name = $1 AND pid <> pg_backend_pid()`, app).Scan(&n, nil); err != nil {
+		return 0, fmt.Errorf("terminate %s's backends: %w", app, err)
+	}
+	for deadline := time.Now().Add(time.Minute); ; {
+		var left int
+		if err := conn.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1`, app).Scan(&left); err != nil {
+			return 0, fmt.Errorf("count %s's backends: %w", app, err)
+		}
+		if left == 0 {
+			return n, nil
+		}
+		if time.Now().After(deadline) {
+			return 0, fmt.Errorf("%d backends of %s still there a minute after they were terminated", left, app)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// bulkStep is one bulk operation: its name and what it does.
 type bulkStep struct {
 	name string
 	run  func(ctx context.Context) (string, error)
@@ -146,7 +186,7 @@ func bulkSteps(p *upstream.Provider, src *dbconn.Source, conn *pgx.Conn, s Side,
 	return []bulkStep{
 		{fmt.Sprintf("a turn starts %d sub-orchestrations (the runtime)", b.Children), func(ctx context.Context) (string, error) {
 			res, err := p.RunRuntime(ctx, src, upstream.Run{
-				Schema: s.Schema, Prefix: "bulk-", Wait: b.Deadline,
+				Schema: s.Schema, Prefix: "bulk-", Wait: b.Deadline, ApplicationName: bulkApp(s),
 				Runtime:   upstream.RuntimeOptions{OrchestrationConcurrency: 8},
 				Scenarios: []upstream.Scenario{{Name: "spawn", Key: "spawner", Count: b.Children}},
 			})
@@ -168,7 +208,7 @@ func bulkSteps(p *upstream.Provider, src *dbconn.Source, conn *pgx.Conn, s Side,
 			FROM generate_series(1, %[3]d) g, generate_series(1, 2) e`, q("instances"), q("executions"), b.Instances))},
 		{"the client prunes their executions and deletes them (pruneExecutionsBulk, deleteInstanceBulk)", func(ctx context.Context) (string, error) {
 			res, err := p.RunRuntime(ctx, src, upstream.Run{
-				Schema: s.Schema, Prefix: "bulk-client-", Wait: b.Deadline,
+				Schema: s.Schema, Prefix: "bulk-client-", Wait: b.Deadline, ApplicationName: bulkApp(s),
 				Scenarios: []upstream.Scenario{{Name: "clientBulk", Key: "client", Count: b.Instances + b.Children + 1}},
 			})
 			if err != nil {
