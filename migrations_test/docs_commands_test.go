@@ -58,6 +58,12 @@ const (
 	latest                       // the pack's latest
 	trapped                      // the pack's latest, one message trapped (attempt_count 50) for docs-instance-1
 	notRun                       // the block is not run here (reason given)
+	// The runbooks' states (docs/RUNBOOKS.md): as duroxide-pg's runner
+	// leaves a database, every object owned by role duroxide_app.
+	upstream19AsApp // shaped like upstream 19
+	upstream20AsApp // shaped like upstream 20
+	upstream21AsApp // shaped like upstream 21
+	candidateAsApp  // made by the real provider, then upstream's candidate fix (port)
 )
 
 // docSpec says how a block runs: its start state, the exit status of the
@@ -78,6 +84,14 @@ type docSpec struct {
 	whole bool
 	// prints: a text the block's last command must print.
 	prints string
+	// setup: command lines, as a document writes them, that take the start
+	// state to where the block begins (a rollback runbook starts after
+	// its adoption); each must exit 0.
+	setup []string
+	// keepsRecorded: after the block, _duroxide_migrations records what
+	// the start state recorded, no more and no less (a rollback keeps the
+	// schema the application's release runs).
+	keepsRecorded bool
 }
 
 // docSpecs are keyed by the block's first line, as written.
@@ -114,6 +128,34 @@ var docSpecs = map[string]docSpec{
 	"make upstream": {state: fresh},
 	"echo '{\"dsn\":\"postgres://...\",\"schema\":\"trial\",\"scenarios\":[{\"name\":\"fanout\",\"count\":500}]}' \\": {state: fresh, whole: true, prints: `"status":"Completed"`},
 	"bin/harness migrate down --dsn \"$DSN\" --schema duroxide --to 21   # back to upstream 19's schema, fixes kept":  {state: latest},
+	// docs/RUNBOOKS.md: each runbook on its state, as the application's
+	// role owns it; each rollback after its runbook's adoption.
+	"# runbook 1..19: duroxide-pg 0.1.26 and earlier; stop at goose 21":        {state: upstream19AsApp, exits: runbookExits(1)},
+	"# rollback 1..19: to goose 19":                                            {state: upstream19AsApp, setup: runbookAdoption("--to 21"), keepsRecorded: true},
+	"# runbook 1..20: duroxide-pg 0.1.27":                                      {state: upstream20AsApp, exits: runbookExits(0)},
+	"# rollback 1..20: to goose 22":                                            {state: upstream20AsApp, setup: runbookAdoption(""), keepsRecorded: true},
+	"# runbook 1..21: duroxide-pg 0.1.28 and later, before upstream 23":        {state: upstream21AsApp, exits: runbookExits(0)},
+	"# rollback 1..21: to goose 23":                                            {state: upstream21AsApp, setup: runbookAdoption(""), keepsRecorded: true},
+	"# runbook 1..21 and 23: duroxide-pg 0.1.35 and releases with upstream 23": {state: realAsApp, exits: runbookExits(0)},
+	"# rollback 1..21 and 23: to goose 24":                                     {state: realAsApp, setup: runbookAdoption(""), keepsRecorded: true},
+	"# runbook candidate: a release with upstream's candidate fix":             {state: candidateAsApp, exits: runbookExits(0)},
+	"# rollback candidate: to goose 29":                                        {state: candidateAsApp, setup: runbookAdoption(""), keepsRecorded: true},
+}
+
+// runbookExits are a runbook's doctor exits: 1 before the fixes, after
+// them the given code.
+func runbookExits(after int) map[string]int {
+	return map[string]int{"# before: exit 1": 1, "# after: exit": after}
+}
+
+// runbookAdoption is what every runbook does before its rollback:
+// baseline, then migrate up (with its flag: --to 21 where the runbook
+// stops there).
+func runbookAdoption(to string) []string {
+	return []string{
+		`bin/harness baseline --dsn "$ADMIN_DSN" --schema duroxide --role duroxide_app`,
+		strings.TrimSpace(`bin/harness migrate up --dsn "$ADMIN_DSN" --schema duroxide --role duroxide_app ` + to),
+	}
 }
 
 func TestEveryDocumentedCommandRunsFromTheCheckoutRoot(t *testing.T) {
@@ -162,9 +204,16 @@ func TestEveryDocumentedCommandRunsFromTheCheckoutRoot(t *testing.T) {
 func docDB(t *testing.T, state docState) (dsn string, db *testdb.Database) {
 	t.Helper()
 	ctx := context.Background()
-	if state == latest || state == trapped {
+	switch state {
+	case latest, trapped:
 		db = dbs.New(t, testdb.Latest)
-	} else {
+	case upstream19AsApp, upstream20AsApp, upstream21AsApp:
+		db = dbs.UpstreamShaped(t, map[docState]int64{upstream19AsApp: 19, upstream20AsApp: 20, upstream21AsApp: 21}[state])
+		ownByApp(t, db)
+	case candidateAsApp:
+		db = dbs.UpstreamCandidate(t)
+		ownByApp(t, db)
+	default:
 		db = dbs.New(t, 0)
 	}
 	switch state {
@@ -195,6 +244,53 @@ func docDB(t *testing.T, state docState) (dsn string, db *testdb.Database) {
 	return base, db
 }
 
+// upstreamRecorded are the versions db's _duroxide_migrations records.
+func upstreamRecorded(t *testing.T, db *testdb.Database) []int64 {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, db.DSN)
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	rows, err := conn.Query(ctx, "SELECT version FROM "+db.Qualify("_duroxide_migrations")+" ORDER BY version")
+	require.NoError(t, err)
+	versions, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	require.NoError(t, err)
+	return versions
+}
+
+// ownByApp gives db's schema and every object in it to role duroxide_app
+// (made if missing, with CREATE on the database), as when duroxide-pg's
+// runner, connected as the application, made them.
+func ownByApp(t *testing.T, db *testdb.Database) {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, db.DSN)
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	for _, stmt := range []string{
+		`DO $$ BEGIN CREATE ROLE duroxide_app LOGIN; EXCEPTION WHEN duplicate_object THEN NULL; END $$`,
+		"GRANT CREATE ON DATABASE " + pgx.Identifier{db.Name}.Sanitize() + " TO duroxide_app",
+		"ALTER SCHEMA " + pgx.Identifier{db.Schema}.Sanitize() + " OWNER TO duroxide_app",
+		// Tables take their indexes and owned sequences along.
+		`DO $$
+		DECLARE r record;
+		BEGIN
+			FOR r IN SELECT c.oid::regclass AS rel, c.relkind FROM pg_class c
+			         WHERE c.relnamespace = '` + db.Schema + `'::regnamespace AND c.relkind IN ('r', 'p', 'S', 'v')
+			           AND NOT EXISTS (SELECT 1 FROM pg_depend d WHERE d.classid = 'pg_class'::regclass AND d.objid = c.oid AND d.deptype IN ('a', 'i'))
+			LOOP
+				EXECUTE format('ALTER %s %s OWNER TO duroxide_app', CASE r.relkind WHEN 'S' THEN 'SEQUENCE' WHEN 'v' THEN 'VIEW' ELSE 'TABLE' END, r.rel);
+			END LOOP;
+			FOR r IN SELECT p.oid::regprocedure AS fn FROM pg_proc p WHERE p.pronamespace = '` + db.Schema + `'::regnamespace LOOP
+				EXECUTE format('ALTER FUNCTION %s OWNER TO duroxide_app', r.fn);
+			END LOOP;
+		END $$`,
+	} {
+		_, err := conn.Exec(ctx, stmt)
+		require.NoError(t, err, stmt)
+	}
+}
+
 // docSubstitutions turn a document's line into the one the test runs.
 func docLine(line, dsn, bin, scratch string) string {
 	r := strings.NewReplacer(
@@ -215,7 +311,15 @@ func docLine(line, dsn, bin, scratch string) string {
 var docOutputs = []string{"duroxide-before-fix.dump", "up.sql", "duroxide-up.sql", "duroxide-down.sql"}
 
 func runDocBlock(t *testing.T, root, bin string, b docBlock, spec docSpec) {
-	dsn, _ := docDB(t, spec.state)
+	dsn, db := docDB(t, spec.state)
+	var recorded []int64
+	if spec.keepsRecorded {
+		recorded = upstreamRecorded(t, db)
+		require.NotEmpty(t, recorded, "the start state records upstream versions")
+		defer func() {
+			require.Equal(t, recorded, upstreamRecorded(t, db), "%s:%d leaves _duroxide_migrations as the start state had it", b.file, b.line)
+		}()
+	}
 	for _, f := range docOutputs {
 		path := filepath.Join(root, f)
 		_, err := os.Stat(path)
@@ -233,6 +337,10 @@ func runDocBlock(t *testing.T, root, bin string, b docBlock, spec docSpec) {
 			}
 		}
 		lines = []string{strings.Join(joined, "\n")}
+	}
+	for _, l := range spec.setup {
+		code, output := runDocCommand(t, root, env, docLine(l, dsn, bin, scratch), false)
+		require.Equal(t, 0, code, "%s:%d: setup %s\n%s", b.file, b.line, l, output)
 	}
 	var exports []string
 	var last string
