@@ -100,17 +100,27 @@ func restartableServer(t *testing.T) (*pgtest.Server, *testdb.Database) {
 	return srv, testdb.NewPool(srv, "duroxide").New(t, 0)
 }
 
+// restartLoad is faultLoad for the restart scenarios. The fault stops
+// once the load is over, so every orchestration's timer (8 s) outlasts
+// both restarts (0.5 s after the load started, then 2 s after the server
+// came back, each about a second long) and both land on orchestrations in
+// flight, however fast the machine runs the rest.
+func restartLoad() realfaults.Load {
+	l := faultLoad
+	l.TimerMs = 8000
+	l.FaultFor = time.Minute
+	return l
+}
+
 func TestRealRuntimeAcrossServerRestarts(t *testing.T) {
 	p := upstream.Require(t)
 	srv, db := restartableServer(t)
 	sides := faultSides(t, p, db.Source)
-	load := faultLoad
-	load.FaultFor = time.Minute
 	rep, err := realfaults.Run(context.Background(), p, realfaults.Target{DB: db.Source}, sides, realfaults.RestartServer{
 		Server: srv, Times: 2, First: 500 * time.Millisecond, Gap: 2 * time.Second,
-	}, load)
+	}, restartLoad())
 	require.NoError(t, err)
-	require.Equal(t, 2, rep.Injected, "both restarts happened")
+	require.Equal(t, 2, rep.Injected, "both restarts happened while the load ran")
 	requirePackSound(t, rep)
 }
 
@@ -182,10 +192,8 @@ func TestRealRuntimeThroughPgBouncerRestarts(t *testing.T) {
 	db := dbs.New(t, 0)
 	bouncer := pgtest.RequirePgBouncer(t, dbs.Server(), "session")
 	sides := faultSides(t, p, db.Source)
-	load := faultLoad
-	load.FaultFor = time.Minute
 	rep, err := realfaults.Run(context.Background(), p, realfaults.Target{DB: db.Source, Via: bouncer.RuntimeDSN(db.Name)},
-		sides, realfaults.RestartServer{Server: bouncer, What: "PgBouncer", Times: 2, First: 500 * time.Millisecond, Gap: 2 * time.Second}, load)
+		sides, realfaults.RestartServer{Server: bouncer, What: "PgBouncer", Times: 2, First: 500 * time.Millisecond, Gap: 2 * time.Second}, restartLoad())
 	require.NoError(t, err)
 	require.Equal(t, 2, rep.Injected, "both restarts happened while the load ran")
 	requirePackSound(t, rep)
