@@ -10,13 +10,17 @@ import (
 	"strings"
 	"time"
 
+	migrations "github.com/duroxide-pg/migrations"
+	"github.com/duroxide-pg/migrations/internal/dbconn"
+	"github.com/duroxide-pg/migrations/internal/migrateload"
 	"github.com/duroxide-pg/migrations/internal/sim/bench"
 	"github.com/duroxide-pg/migrations/internal/testenv/pgtest"
+	"github.com/duroxide-pg/migrations/internal/testenv/upstream"
 )
 
 // benchSummary is the line of `harness help` for the bench command (the
 // versions compared are in `harness bench -h`, read from the pack).
-const benchSummary = "speed before and after the pack's fixes, side by side in one run: bench [--rounds 3] [--duration 2.5s] [--scenarios backlog,hot,queue-only,migrate,worker,scale,runtime] [--scale-blocked 1000,10000,100000] [--json FILE] [--report DIR] [--dsn DSN]"
+const benchSummary = "speed before and after the pack's fixes, side by side in one run: bench [--rounds 3] [--duration 2.5s] [--scenarios backlog,hot,queue-only,migrate,worker,scale,runtime,migrate-load] [--scale-blocked 1000,10000,100000] [--json FILE] [--report DIR] [--dsn DSN]"
 
 // runBench is `harness bench`: every scenario of package bench, rounds
 // alternating the versions before and after the fix of
@@ -34,7 +38,7 @@ func runBench(ctx context.Context, env *env, args []string) error {
 	sbefore, safter := bench.ScaleVersions()
 	rprev, rlatest := bench.RuntimeVersions()
 	scenarios := fs.String("scenarios", strings.Join(def.Scenarios, ","), fmt.Sprintf(
-		"scenarios to run: backlog, hot, queue-only, migrate (schema %d against %d), worker (schema %d against %d), scale (schema %d against %d), runtime (the real runtime: upstream's schema against %d and %d)",
+		"scenarios to run: backlog, hot, queue-only, migrate (schema %d against %d), worker (schema %d against %d), scale (schema %d against %d), runtime (the real runtime: upstream's schema against %d and %d), migrate-load (migrate up to the latest while a writer enqueues: not run unless named)",
 		bug, fix, wbug, wfix, sbefore, safter, rprev, rlatest))
 	hotLock := fs.Duration("hot-lock-timeout", def.HotLockTimeout, "hot scenario's lock timeout; 0: calibrated at start like the organic repro")
 	scaleBlocked := fs.String("scale-blocked", joinInts(def.ScaleBlocked), "scale: blocked message counts K, comma-separated")
@@ -42,8 +46,12 @@ func runBench(ctx context.Context, env *env, args []string) error {
 	scaleCalls := fs.Int("scale-calls", def.ScaleCalls, "scale: fetch calls per figure on one session (at least 7)")
 	scaleIdle := fs.Int("scale-idle-dispatchers", def.ScaleIdleDispatchers, "scale: idle dispatchers polling at the largest K")
 	scaleIdleFor := fs.Duration("scale-idle-duration", def.ScaleIdleDuration, "scale: how long the idle dispatchers poll, per version and round")
+	full := migrateload.Full()
+	loadMessages := fs.Int("migrate-load-messages", full.Messages, "migrate-load: messages queued before the writer starts")
+	loadInstances := fs.Int("migrate-load-instances", full.Instances, "migrate-load: instances the queued messages are spread over")
+	loadRate := fs.Int("migrate-load-rate", full.Rate, "migrate-load: the writer's messages per second")
 	jsonFile := fs.String("json", "", "write the result as JSON to this file")
-	reportDir := fs.String("report", "", "write report.md, throughput.svg and bench.json into this directory")
+	reportDir := fs.String("report", "", "write report.md, throughput.svg and bench.json into this directory (migrate-load: migrate-load.md and migrate-load.json)")
 	pos, err := parse(fs, args)
 	if err != nil {
 		return err
@@ -72,18 +80,34 @@ func runBench(ctx context.Context, env *env, args []string) error {
 	if cfg.ScaleCompleted, err = parseInts("--scale-completed", *scaleCompleted); err != nil {
 		return err
 	}
+	var load *migrateload.Load
 	for _, s := range strings.Split(*scenarios, ",") {
 		s = strings.ReplaceAll(strings.TrimSpace(s), "-", "_")
-		if s == "" {
+		switch s {
+		case "":
+			continue
+		case migrateLoadScenario:
+			load = &migrateload.Load{Messages: *loadMessages, Instances: *loadInstances, Rate: *loadRate, Lead: full.Lead, To: migrations.Latest()}
+			if err := load.Validate(); err != nil {
+				return usagef("%v", err)
+			}
 			continue
 		}
 		cfg.Scenarios = append(cfg.Scenarios, s)
 	}
-	if len(cfg.Scenarios) == 0 {
-		return usagef("--scenarios is empty: name some of backlog, hot, queue-only, migrate, worker, scale, runtime")
+	if len(cfg.Scenarios) == 0 && load == nil {
+		return usagef("--scenarios is empty: name some of backlog, hot, queue-only, migrate, worker, scale, runtime, migrate-load")
 	}
-	if err := cfg.Validate(); err != nil {
-		return usagef("%v", err)
+	if len(cfg.Scenarios) > 0 {
+		if err := cfg.Validate(); err != nil {
+			return usagef("%v", err)
+		}
+	}
+	var provider *upstream.Provider
+	if load != nil {
+		if provider, err = upstream.Find(); err != nil {
+			return usagef("bench --scenarios migrate-load starts from a database the real provider's runner makes: %v (make upstream installs it)", err)
+		}
 	}
 
 	// A throwaway server loads pg_stat_statements for the runtime
@@ -99,6 +123,14 @@ func runBench(ctx context.Context, env *env, args []string) error {
 	}
 	defer srv.Close(context.Background())
 
+	if load != nil {
+		if err := runMigrateLoad(ctx, env, srv, provider, *load, *reportDir); err != nil {
+			return err
+		}
+		if len(cfg.Scenarios) == 0 {
+			return nil
+		}
+	}
 	bar := newProgressBar(env.Stderr)
 	res, err := bench.Run(ctx, srv, cfg, bar.update)
 	bar.done()
@@ -119,6 +151,60 @@ func runBench(ctx context.Context, env *env, args []string) error {
 		if err := bench.WriteJSON(*jsonFile, &res); err != nil {
 			return fmt.Errorf("write %s: %w", *jsonFile, err)
 		}
+	}
+	return nil
+}
+
+// migrateLoadScenario is the bench scenario of internal/migrateload,
+// which the cli runs itself (bench.Run does not know it).
+const migrateLoadScenario = "migrate_load"
+
+// runMigrateLoad measures load from every start state to the pack's
+// latest, each in a schema of its own in a database it creates on srv and
+// drops, and prints the table (and writes the report into dir, if any).
+func runMigrateLoad(ctx context.Context, env *env, srv *pgtest.Server, provider *upstream.Provider, load migrateload.Load, dir string) error {
+	starts, err := migrateload.Starts(func(ctx context.Context, src *dbconn.Source, schema string) error {
+		return provider.Migrate(ctx, src, schema)
+	})
+	if err != nil {
+		return err
+	}
+	name, err := srv.CreateDatabase(ctx, "harness_bench_load_", "")
+	if err != nil {
+		return err
+	}
+	defer func() { _ = srv.DropDatabase(context.Background(), name) }()
+	src, err := srv.Source(name)
+	if err != nil {
+		return err
+	}
+	var server string
+	conn, err := src.Connect(ctx)
+	if err != nil {
+		return err
+	}
+	err = conn.QueryRow(ctx, "SELECT 'PostgreSQL ' || current_setting('server_version')").Scan(&server)
+	conn.Close(ctx)
+	if err != nil {
+		return err
+	}
+	var reps []*migrateload.Report
+	for i, start := range starts {
+		fmt.Fprintf(env.Stderr, "migrate-load: from %s ...\n", start.Name)
+		l := load
+		l.Start = start
+		rep, err := migrateload.Run(ctx, src, fmt.Sprintf("load_%d", i+1), l)
+		if err != nil {
+			return err
+		}
+		reps = append(reps, rep)
+	}
+	fmt.Fprint(env.Stdout, migrateload.Table(reps))
+	if dir != "" {
+		if err := migrateload.WriteReport(dir, server, reps); err != nil {
+			return fmt.Errorf("write report: %w", err)
+		}
+		fmt.Fprintf(env.Stderr, "harness: report written to %s\n", filepath.Join(dir, migrateload.ReportFile))
 	}
 	return nil
 }
