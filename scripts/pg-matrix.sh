@@ -275,7 +275,7 @@ for major in "${majors[@]}"; do
   if [ "${MATRIX_TESTS:-full}" = quick ]; then
     repro_args=(minimal)
   else
-    repro_args=(all --worker-duration 5s --runtime-holds 2 --runtime-hold 6s --pool-holds 1 --pool-orchestrations 200)
+    repro_args=(all --worker-duration 5s --runtime-holds 2 --runtime-hold 6s --pool-holds 1 --pool-orchestrations 250)
   fi
   msg "PostgreSQL $server_ver: go run ./harness/cmd/harness repro ${repro_args[*]} (log: $rlog)"
   t2="$(now_ms)"

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"strconv"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -75,7 +76,7 @@ func TestRuntimeReproShowsTheSymptomOnUpstreamOnly(t *testing.T) {
 
 // TestRuntimeReproPoolFormShowsTheSymptomWithNoAdvisoryLock runs `harness
 // repro runtime --form pool` with the real runtime on every side: two holds
-// of worker_queue's table lock of 6.5 s, 400 orchestrations (about a minute
+// of worker_queue's table lock of 6.5 s, 800 orchestrations (about a minute
 // here). The runtime's fetches wait for the pool's one connection with
 // their timestamps minted: upstream's latest and its candidate return
 // expired leases and the runtime's acks are refused; the pack's latest and
@@ -85,7 +86,8 @@ func TestRuntimeReproPoolFormShowsTheSymptomWithNoAdvisoryLock(t *testing.T) {
 	upstream.Require(t)
 	srv := startServer(t)
 	out := filepath.Join(t.TempDir(), "repro.json")
-	code, stdout, stderr := run(t, "repro", "runtime", "--form", "pool", "--pool-holds", "2", "--pool-orchestrations", "400",
+	const orchestrations = 800
+	code, stdout, stderr := run(t, "repro", "runtime", "--form", "pool", "--pool-holds", "2", "--pool-orchestrations", strconv.Itoa(orchestrations),
 		"--sides", "upstream,candidate,pack,amended", "--json", out, "--dsn", srv.DSN("postgres"))
 	require.Equal(t, exitOK, code, "stdout: %s\nstderr: %s", stdout, stderr)
 	require.Contains(t, stdout, "pool-wait form")
@@ -118,7 +120,7 @@ func TestRuntimeReproPoolFormShowsTheSymptomWithNoAdvisoryLock(t *testing.T) {
 	for _, key := range []string{repro.SidePack, repro.SideAmended} {
 		s, _ := r.Side(key)
 		require.Zero(t, s.LeaseLines, key)
-		require.Equal(t, 400, s.Completed, key)
+		require.Equal(t, orchestrations, s.Completed, key)
 		require.Zero(t, s.Wrong, key)
 		require.Equal(t, 2, s.HoldsDone, key)
 	}
