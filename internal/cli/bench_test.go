@@ -13,7 +13,11 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	migrations "github.com/duroxide-pg/migrations"
+	"github.com/duroxide-pg/migrations/internal/dbconn"
+	"github.com/duroxide-pg/migrations/internal/migrateload"
 	"github.com/duroxide-pg/migrations/internal/sim/bench"
+	"github.com/duroxide-pg/migrations/internal/testenv/upstream"
 )
 
 func TestBenchUsageErrors(t *testing.T) {
@@ -32,6 +36,8 @@ func TestBenchUsageErrors(t *testing.T) {
 		{"--scale-idle-dispatchers", "0"},
 		{"--scale-idle-duration", "1ms"},
 		{"--hot-lock-timeout", "-1s"},
+		{"--scenarios", "migrate-load", "--migrate-load-rate", "0"},
+		{"--scenarios", "migrate-load", "--migrate-load-instances", "0"},
 	} {
 		var out, errOut bytes.Buffer
 		env := &env{Stdout: &out, Stderr: &errOut}
@@ -95,4 +101,23 @@ func TestBenchScaleAtTinySizesPrintsTheScaleTableAndTargets(t *testing.T) {
 	for _, f := range []string{bench.ReportFile, bench.ScaleFile, bench.JSONFile} {
 		require.FileExists(t, filepath.Join(dir, f))
 	}
+}
+
+// `bench --scenarios migrate-load` at a tiny size: the table on stdout, a
+// row per start state, and the report files; bench.Run's own report is not
+// written when only this scenario runs.
+func TestBenchMigrateLoadAtATinySize(t *testing.T) {
+	upstream.Require(t)
+	dir := t.TempDir()
+	code, stdout, stderr := runCmd(t, runBench, "--scenarios", "migrate-load", "--migrate-load-messages", "2000",
+		"--migrate-load-instances", "200", "--migrate-load-rate", "50", "--report", dir)
+	require.Equal(t, exitOK, code, "stdout:\n%s\nstderr:\n%s", stdout, stderr)
+	starts, err := migrateload.Starts(func(context.Context, *dbconn.Source, string) error { return nil })
+	require.NoError(t, err)
+	for _, s := range starts {
+		require.Contains(t, stdout, fmt.Sprintf("| %s, to %d | 2000 (200) | 50/s |", s.Name, migrations.Latest()))
+	}
+	require.FileExists(t, filepath.Join(dir, migrateload.ReportFile))
+	require.FileExists(t, filepath.Join(dir, migrateload.JSONFile))
+	require.NoFileExists(t, filepath.Join(dir, bench.ReportFile), "only migrate-load ran")
 }
