@@ -47,6 +47,10 @@ type Migration struct {
 	Duration string
 	// Up and Down are the file's two sections, as goose runs them.
 	Up, Down string
+	// NoTransaction is true when the file runs outside a transaction
+	// (goose's "-- +goose NO TRANSACTION"): each statement commits on its
+	// own, on one connection.
+	NoTransaction bool
 	// Definitions are the function bodies the file can install, in file
 	// order (a fix may hold one per upstream behaviour it knows).
 	Definitions []Definition
@@ -175,6 +179,7 @@ func parse(file, num, text string) (Migration, error) {
 	}
 	m.Up, m.Down, _ = strings.Cut(rest, "-- +goose Down")
 	header, _, _ := strings.Cut(text, "-- +goose Up")
+	m.NoTransaction = strings.Contains(header, "\n-- +goose NO TRANSACTION\n")
 	rows := upstreamRowRE.FindAllStringSubmatch(m.Up, -1)
 	if len(rows) > 1 {
 		return m, fmt.Errorf("%s: its Up records %d upstream versions; a port records exactly one", file, len(rows))

@@ -264,6 +264,7 @@ var lockingStatements = []struct {
 }{
 	{regexp.MustCompile(`(?im)^\s*ALTER TABLE (?:IF EXISTS )?(?:ONLY )?(\w+)`), "ACCESS EXCLUSIVE"},
 	{regexp.MustCompile(`(?im)^\s*CREATE (?:UNIQUE )?INDEX (?:IF NOT EXISTS )?\w+\s+ON\s+(\w+)`), "SHARE"},
+	{regexp.MustCompile(`(?im)^\s*CREATE (?:UNIQUE )?INDEX CONCURRENTLY (?:IF NOT EXISTS )?\w+\s+ON\s+(\w+)`), "SHARE UPDATE EXCLUSIVE"},
 	{regexp.MustCompile(`(?im)^\s*CREATE (?:OR REPLACE )?TRIGGER \w+\s+(?:AFTER|BEFORE|INSTEAD OF)[^;]*?\sON\s+(\w+)`), "SHARE ROW EXCLUSIVE"},
 	{regexp.MustCompile(`(?im)^\s*DROP TRIGGER (?:IF EXISTS )?\w+ ON (\w+)`), "ACCESS EXCLUSIVE"},
 	{regexp.MustCompile(`(?im)^\s*TRUNCATE (?:TABLE )?(\w+)`), "ACCESS EXCLUSIVE"},
@@ -382,4 +383,25 @@ func TestDocumentsCountTheObjectsThePackAdds(t *testing.T) {
 		}
 	}
 	require.NotZero(t, counted, "no document counts the pack's additions: is the pattern still right?")
+}
+
+// A file that builds or drops an index concurrently runs outside a
+// transaction (PostgreSQL refuses it inside one), and says so in its
+// header, where Migration.NoTransaction (and `harness sql`) read it; no
+// other file does.
+func TestConcurrentIndexWorkRunsOutsideATransaction(t *testing.T) {
+	concurrently := regexp.MustCompile(`(?m)^\s*(CREATE|DROP) INDEX CONCURRENTLY`)
+	annotated := 0
+	for _, m := range migrations.MustPack() {
+		raw, err := fs.ReadFile(migrations.FS, m.File)
+		require.NoError(t, err)
+		concurrent := concurrently.MatchString(m.Up) || concurrently.MatchString(m.Down)
+		require.Equal(t, concurrent, m.NoTransaction, "%s: builds or drops an index concurrently: %v; NO TRANSACTION in its header: %v", m.File, concurrent, m.NoTransaction)
+		require.Equal(t, strings.Count(string(raw), "-- +goose NO TRANSACTION"), map[bool]int{true: 1}[m.NoTransaction],
+			"%s: the annotation appears once, in the header, or not at all", m.File)
+		if m.NoTransaction {
+			annotated++
+		}
+	}
+	require.Positive(t, annotated, "0027 builds its index concurrently")
 }

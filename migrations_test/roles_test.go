@@ -290,7 +290,7 @@ func TestSQLScriptRunsAsTheOwnerOrNotAtAll(t *testing.T) {
 		file := filepath.Join(t.TempDir(), "up.sql")
 		code, _, errOut := runHarness(t, append([]string{"sql", "up", "--dsn", r.dsnAs(t, "postgres"), "--schema", "duroxide", "-o", file}, args...)...)
 		require.Zero(t, code, errOut)
-		out, err := exec.Command(psqlPath(t), "-X", "-q", "-v", "ON_ERROR_STOP=1", "--single-transaction", "-f", file, r.dsnAs(t, "postgres")).CombinedOutput()
+		out, err := exec.Command(psqlPath(t), "-X", "-q", "-v", "ON_ERROR_STOP=1", "-f", file, r.dsnAs(t, "postgres")).CombinedOutput()
 		return string(out), err
 	}
 	out, err := psql()

@@ -65,13 +65,15 @@ func script(t *testing.T, db *testdb.Database, down bool, to int64) string {
 	return b.String()
 }
 
-// runPsql runs text with psql in one transaction, as the script's header
-// says to, and returns psql's error and output.
-func runPsql(t *testing.T, db *testdb.Database, text string) (string, error) {
+// runPsql runs text with psql as the script's header says to (with
+// ON_ERROR_STOP, not in one transaction), adding extra to psql's options,
+// and returns psql's error and output.
+func runPsql(t *testing.T, db *testdb.Database, text string, extra ...string) (string, error) {
 	t.Helper()
 	file := filepath.Join(t.TempDir(), "migrate.sql")
 	require.NoError(t, os.WriteFile(file, []byte(text), 0o644))
-	out, err := exec.Command(psqlPath(t), "-X", "-q", "-v", "ON_ERROR_STOP=1", "--single-transaction", "-f", file, db.DSN).CombinedOutput()
+	args := append([]string{"-X", "-q", "-v", "ON_ERROR_STOP=1"}, extra...)
+	out, err := exec.Command(psqlPath(t), append(args, "-f", file, db.DSN)...).CombinedOutput()
 	return string(out), err
 }
 
@@ -97,7 +99,7 @@ func endState(t *testing.T, db *testdb.Database) string {
 }
 
 // TestSQLScriptEndsWhereMigrateEnds: the script `harness sql` writes, run
-// with psql in one transaction, leaves the schema exactly as `harness
+// with psql as its header says, leaves the schema exactly as `harness
 // migrate` does (catalog, bodies, goose's and duroxide-pg's rows).
 func TestSQLScriptEndsWhereMigrateEnds(t *testing.T) {
 	t.Parallel()
@@ -157,5 +159,48 @@ func TestSQLScriptRefusesADatabaseThatMoved(t *testing.T) {
 	require.Error(t, err)
 	require.Contains(t, out, fmt.Sprintf("is at goose version %d, not %d as when this script was written; nothing was changed", fix, bug))
 	require.Equal(t, before, endState(t, db))
-	require.True(t, strings.Contains(text, "pg_advisory_xact_lock("), "it takes the runner's lock")
+	require.True(t, strings.Contains(text, fmt.Sprintf("pg_advisory_lock(%d)", migrate.LockID(db.Schema))), "it takes the runner's lock")
+}
+
+// TestSQLScriptRefusesOneTransaction: run with psql --single-transaction
+// (which a NO TRANSACTION migration's CREATE INDEX CONCURRENTLY cannot run
+// in, and which would commit at the script's first COMMIT), the script
+// stops before its first change and says how to run it.
+func TestSQLScriptRefusesOneTransaction(t *testing.T) {
+	t.Parallel()
+	db := dbs.New(t, 21)
+	text := script(t, db, false, 0)
+	require.Contains(t, text, "NO TRANSACTION", "the plan holds a migration that runs outside a transaction")
+	before := endState(t, db)
+	out, err := runPsql(t, db, text, "--single-transaction")
+	require.Error(t, err)
+	require.Contains(t, out, "was started inside a transaction")
+	require.Contains(t, out, "without --single-transaction")
+	require.Equal(t, before, endState(t, db))
+}
+
+// TestSQLScriptStoppedHalfWayLeavesTheLastCommittedMigration: a script
+// stopped by an error leaves the schema at the last migration it
+// recorded, every earlier one whole, and a script written again from there
+// ends where migrate ends.
+func TestSQLScriptStoppedHalfWayLeavesTheLastCommittedMigration(t *testing.T) {
+	t.Parallel()
+	db := dbs.New(t, 21)
+	text := script(t, db, false, 0)
+	// Break the Up of the migration after 0024: its section fails on its
+	// first statement.
+	marker := "\n-- ==== 0025_"
+	i := strings.Index(text, marker)
+	require.Positive(t, i, "the script runs 0025")
+	broken := text[:i] + "\nSELECT 1/0;" + text[i:]
+	out, err := runPsql(t, db, broken)
+	require.Error(t, err)
+	require.Contains(t, out, "division by zero")
+	var v int64
+	require.NoError(t, openSQL(t, db).QueryRowContext(context.Background(), "SELECT max(version_id) FROM "+db.Qualify(migrate.VersionTable)).Scan(&v))
+	require.Equal(t, int64(24), v, "0022..0024 committed, each in its own transaction")
+	require.Equal(t, endState(t, dbs.New(t, 24)), endState(t, db))
+	out, err = runPsql(t, db, script(t, db, false, 0))
+	require.NoError(t, err, out)
+	require.Equal(t, endState(t, dbs.New(t, migrations.Latest())), endState(t, db))
 }

@@ -52,7 +52,7 @@ func TestMigratePlanListsPendingMigrationsWithTheirLocks(t *testing.T) {
 	require.NotContains(t, out, pack[i-1].File, "an applied migration is not listed")
 	// The migration's lines run up to the blank line before the next one.
 	section, _, _ := strings.Cut(out[strings.Index(out, heads.File):], "\n\n")
-	require.Contains(t, section, "locks:    SHARE on orchestrator_queue")
+	require.Contains(t, section, "locks:    SHARE UPDATE EXCLUSIVE on orchestrator_queue")
 	require.Contains(t, section, "duration: grows with orchestrator_queue's rows")
 	require.Contains(t, section, "orchestrator_queue ~1000 rows")
 

@@ -80,7 +80,7 @@ func runSQL(ctx context.Context, env *env, args []string) error {
 	if err := errors.Join(sqlscript.Write(f, plan), f.Close()); err != nil {
 		return fmt.Errorf("sql: write %s: %w", *out, err)
 	}
-	fmt.Fprintf(env.Stderr, "harness: wrote %s: %d migration(s), goose version %d -> %d of schema %s; run it with psql -v ON_ERROR_STOP=1 --single-transaction -f %s \"$DSN\"\n",
+	fmt.Fprintf(env.Stderr, "harness: wrote %s: %d migration(s), goose version %d -> %d of schema %s; run it with psql -v ON_ERROR_STOP=1 -f %s \"$DSN\" (not --single-transaction: each migration commits on its own)\n",
 		*out, len(plan.Migrations), plan.From, plan.To, plan.Schema, *out)
 	return nil
 }

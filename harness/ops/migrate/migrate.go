@@ -35,6 +35,7 @@ const VersionTable = "goose_db_version"
 type Runner struct {
 	db          *sql.DB
 	provider    *goose.Provider
+	fsys        fs.FS
 	schema      string
 	lockRetries int
 	log         io.Writer
@@ -150,7 +151,7 @@ func Open(ctx context.Context, cfg *pgx.ConnConfig, opts Options) (*Runner, erro
 		return nil, fmt.Errorf("goose provider: %w", err)
 	}
 	ok = true
-	return &Runner{db: db, provider: provider, schema: opts.Schema, lockRetries: opts.LockRetries, log: opts.Log}, nil
+	return &Runner{db: db, provider: provider, fsys: opts.FS, schema: opts.Schema, lockRetries: opts.LockRetries, log: opts.Log}, nil
 }
 
 // ensureSchema creates the runner's schema when it does not exist. Only a
@@ -224,7 +225,7 @@ func (r *Runner) Up(ctx context.Context) ([]*goose.MigrationResult, error) {
 		return nil, err
 	}
 	res, err := r.retryOnLockTimeout(ctx, func() ([]*goose.MigrationResult, error) { return r.provider.Up(ctx) })
-	return res, wrapErr("up", err)
+	return res, r.wrapErr("up", err)
 }
 
 // UpTo applies pending migrations up to and including version.
@@ -236,7 +237,7 @@ func (r *Runner) UpTo(ctx context.Context, version int64) ([]*goose.MigrationRes
 		return nil, err
 	}
 	res, err := r.retryOnLockTimeout(ctx, func() ([]*goose.MigrationResult, error) { return r.provider.UpTo(ctx, version) })
-	return res, wrapErr(fmt.Sprintf("up to %d", version), err)
+	return res, r.wrapErr(fmt.Sprintf("up to %d", version), err)
 }
 
 // Down rolls back the newest applied migration.
@@ -250,7 +251,7 @@ func (r *Runner) Down(ctx context.Context) (*goose.MigrationResult, error) {
 		res, err = r.provider.Down(ctx)
 		return nil, err
 	})
-	return res, wrapErr("down", err)
+	return res, r.wrapErr("down", err)
 }
 
 // DownTo rolls back every migration newer than version (0 rolls back all).
@@ -264,7 +265,7 @@ func (r *Runner) DownTo(ctx context.Context, version int64) ([]*goose.MigrationR
 		return nil, err
 	}
 	res, err := r.retryOnLockTimeout(ctx, func() ([]*goose.MigrationResult, error) { return r.provider.DownTo(ctx, version) })
-	return res, wrapErr(fmt.Sprintf("down to %d", version), err)
+	return res, r.wrapErr(fmt.Sprintf("down to %d", version), err)
 }
 
 // ApplyVersion runs the Up (up = true) or the Down of one migration,
@@ -276,7 +277,7 @@ func (r *Runner) ApplyVersion(ctx context.Context, version int64, up bool) error
 		return err
 	}
 	_, err := r.provider.ApplyVersion(ctx, version, up)
-	return wrapErr(fmt.Sprintf("apply version %d (up=%v)", version, up), err)
+	return r.wrapErr(fmt.Sprintf("apply version %d (up=%v)", version, up), err)
 }
 
 // Status lists every migration of the pack with its state in the database.
@@ -285,7 +286,7 @@ func (r *Runner) Status(ctx context.Context) ([]*goose.MigrationStatus, error) {
 		return nil, err
 	}
 	st, err := r.provider.Status(ctx)
-	return st, wrapErr("status", err)
+	return st, r.wrapErr("status", err)
 }
 
 // Version is the newest applied version (0 when none).
@@ -294,7 +295,7 @@ func (r *Runner) Version(ctx context.Context) (int64, error) {
 		return 0, err
 	}
 	v, err := r.provider.GetDBVersion(ctx)
-	return v, wrapErr("version", err)
+	return v, r.wrapErr("version", err)
 }
 
 // Latest is the newest version among the runner's migrations (Options.FS);
@@ -344,19 +345,29 @@ func (r *Runner) retryOnLockTimeout(ctx context.Context, step func() ([]*goose.M
 			}
 			return done, err
 		}
-		what := "a migration"
+		what, undone := "a migration", "was rolled back"
 		if partial != nil && partial.Failed != nil {
 			what = partial.Failed.Source.Path
+			if r.outsideTransaction(what) {
+				undone = "stopped (it runs outside a transaction: its finished steps stay, each safe to run again)"
+			}
 		}
 		wait := time.Duration(attempt) * time.Second
-		fmt.Fprintf(r.log, "harness: %s waited longer than lock_timeout for a lock and was rolled back; retry %d of %d in %v\n",
-			what, attempt, r.lockRetries, wait)
+		fmt.Fprintf(r.log, "harness: %s waited longer than lock_timeout for a lock and %s; retry %d of %d in %v\n",
+			what, undone, attempt, r.lockRetries, wait)
 		select {
 		case <-ctx.Done():
 			return done, ctx.Err()
 		case <-time.After(wait):
 		}
 	}
+}
+
+// outsideTransaction reports whether the migration file at path runs
+// outside a transaction (goose's NO TRANSACTION annotation).
+func (r *Runner) outsideTransaction(path string) bool {
+	text, err := fs.ReadFile(r.fsys, path)
+	return err == nil && strings.Contains(string(text), "\n-- +goose NO TRANSACTION\n")
 }
 
 // isLockTimeout reports whether err is PostgreSQL's lock_not_available
@@ -366,12 +377,16 @@ func isLockTimeout(err error) bool {
 	return errors.As(err, &pgErr) && pgErr.Code == "55P03"
 }
 
-func wrapErr(op string, err error) error {
+func (r *Runner) wrapErr(op string, err error) error {
 	if err == nil || errors.Is(err, goose.ErrNoNextVersion) {
 		return nil
 	}
 	var partial *goose.PartialError
 	if errors.As(err, &partial) && partial.Failed != nil {
+		if r.outsideTransaction(partial.Failed.Source.Path) {
+			return fmt.Errorf("migrate %s: %s failed part-way: it runs outside a transaction (NO TRANSACTION), so the steps it finished stay, each safe to run again; goose did not record it (the schema is at the previous version) and the next up finishes it: %w",
+				op, partial.Failed.Source.Path, partial.Err)
+		}
 		return fmt.Errorf("migrate %s: %s failed and was rolled back (the schema stays at the previous version): %w",
 			op, partial.Failed.Source.Path, partial.Err)
 	}

@@ -1,11 +1,13 @@
 // Package sqlscript writes the plain SQL that `harness migrate up` (or
 // `down`) would run on one schema of a database, as one script a DBA can
-// review and then run with psql in a single transaction. The script carries
-// what the runner would do and nothing else: the pack's migration lock, a
-// refusal when the schema is no longer at the goose version the script was
-// written for, each migration's own section (its guards included, so a fix
-// still refuses a definition it does not know), and goose's bookkeeping
-// rows. Rows of _duroxide_migrations are in the sections themselves.
+// review and then run with psql. The script carries what the runner would
+// do and nothing else: the pack's migration lock, a refusal when the
+// schema is no longer at the goose version the script was written for,
+// each migration's own section (its guards included, so a fix still
+// refuses a definition it does not know) in its own transaction, as goose
+// runs it (a file marked NO TRANSACTION statement by statement), and
+// goose's bookkeeping rows. Rows of _duroxide_migrations are in the
+// sections themselves.
 package sqlscript
 
 import (
@@ -121,15 +123,31 @@ func Write(w io.Writer, p Plan) error {
 	}
 	var b strings.Builder
 	fmt.Fprintf(&b, `-- harness sql: what `+"`harness migrate %s --to %d`"+` runs on schema %s, now at goose version %d.
--- Review it, then run it in one transaction:
---   psql -v ON_ERROR_STOP=1 --single-transaction -f THIS_FILE "$DSN"
+-- Review it, then run it with psql, not inside a transaction:
+--   psql -v ON_ERROR_STOP=1 -f THIS_FILE "$DSN"
+-- Like the harness, it runs each migration in its own transaction (a file
+-- marked NO TRANSACTION, statement by statement: it builds an index
+-- concurrently), so it refuses to start inside one (psql --single-transaction).
 -- It waits for the pack's migration lock, refuses (changing nothing) when the
 -- schema is no longer at goose version %d, and records each migration in
--- %s as the harness would. Migrations: %s.
+-- %s as the harness would. Stopped by an error, the schema is at the last
+-- migration recorded there: write the script again and run that.
+-- Migrations: %s.
 
 `, verb, p.To, p.Schema, p.From, p.From, versionTable, fileList(p.Migrations))
+	// In a transaction block, now() is the block's start and
+	// statement_timestamp() this statement's; on its own, one is the other.
+	b.WriteString(`DO $session$
+BEGIN
+    IF now() <> statement_timestamp() THEN
+        RAISE EXCEPTION 'harness sql: this script was started inside a transaction; it runs each migration in its own; nothing was changed'
+            USING ERRCODE = '25001', HINT = 'Run it without --single-transaction (-1): psql -v ON_ERROR_STOP=1 -f FILE.';
+    END IF;
+END;
+$session$;
+`)
 	if p.Role != "" {
-		fmt.Fprintf(&b, "SET LOCAL ROLE %s;\n", pgx.Identifier{p.Role}.Sanitize())
+		fmt.Fprintf(&b, "SET ROLE %s;\n", pgx.Identifier{p.Role}.Sanitize())
 	}
 	// The ownership check of `harness migrate` (migrate.CheckOwner).
 	fmt.Fprintf(&b, `DO $owner$
@@ -158,7 +176,7 @@ $owner$;
 		fmt.Fprintf(&b, "CREATE SCHEMA IF NOT EXISTS %s;\n", schema)
 	}
 	fmt.Fprintf(&b, "SET search_path TO %s;\n", migrate.SearchPath(p.Schema))
-	fmt.Fprintf(&b, "-- The lock `harness migrate` holds while it runs (held here until commit).\nSELECT pg_advisory_xact_lock(%d);\n\n", migrate.LockID(p.Schema))
+	fmt.Fprintf(&b, "-- The lock `harness migrate` holds while it runs (held to the end of the script).\nSELECT pg_advisory_lock(%d);\n\n", migrate.LockID(p.Schema))
 	if p.NewVersionTable {
 		fmt.Fprintf(&b, `-- goose's version table, as goose creates it.
 CREATE TABLE IF NOT EXISTS %s (
@@ -187,14 +205,17 @@ $moved$;
 		if p.Down {
 			section, what = m.Down, "Down"
 		}
-		fmt.Fprintf(&b, "\n-- ==== %s (%s) ====\n%s\n", m.File, what, strings.TrimSpace(section))
+		record := fmt.Sprintf("INSERT INTO %s (version_id, is_applied) VALUES (%d, true);\n", table, m.Version)
 		if p.Down {
-			fmt.Fprintf(&b, "DELETE FROM %s WHERE version_id = %d;\n", table, m.Version)
-		} else {
-			fmt.Fprintf(&b, "INSERT INTO %s (version_id, is_applied) VALUES (%d, true);\n", table, m.Version)
+			record = fmt.Sprintf("DELETE FROM %s WHERE version_id = %d;\n", table, m.Version)
 		}
+		if m.NoTransaction {
+			fmt.Fprintf(&b, "\n-- ==== %s (%s, NO TRANSACTION: each statement commits on its own) ====\n%s\n%s", m.File, what, strings.TrimSpace(section), record)
+			continue
+		}
+		fmt.Fprintf(&b, "\n-- ==== %s (%s) ====\nBEGIN;\n%s\n%sCOMMIT;\n", m.File, what, strings.TrimSpace(section), record)
 	}
-	fmt.Fprintf(&b, "\n-- End: schema %s at goose version %d.\n", p.Schema, p.To)
+	fmt.Fprintf(&b, "\nSELECT pg_advisory_unlock(%d);\n-- End: schema %s at goose version %d.\n", migrate.LockID(p.Schema), p.Schema, p.To)
 	_, err := io.WriteString(w, b.String())
 	return err
 }
