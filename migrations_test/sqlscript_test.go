@@ -168,7 +168,7 @@ func TestSQLScriptRefusesADatabaseThatMoved(t *testing.T) {
 // stops before its first change and says how to run it.
 func TestSQLScriptRefusesOneTransaction(t *testing.T) {
 	t.Parallel()
-	db := dbs.New(t, 21)
+	db := dbs.New(t, migrations.LastContiguousPort())
 	text := script(t, db, false, 0)
 	require.Contains(t, text, "NO TRANSACTION", "the plan holds a migration that runs outside a transaction")
 	before := endState(t, db)
@@ -185,21 +185,23 @@ func TestSQLScriptRefusesOneTransaction(t *testing.T) {
 // ends where migrate ends.
 func TestSQLScriptStoppedHalfWayLeavesTheLastCommittedMigration(t *testing.T) {
 	t.Parallel()
-	db := dbs.New(t, 21)
+	start := migrations.LastContiguousPort()
+	db := dbs.New(t, start)
 	text := script(t, db, false, 0)
-	// Break the Up of the migration after 0024: its section fails on its
-	// first statement.
-	marker := "\n-- ==== 0025_"
+	// Break the third migration the script runs: it fails before its first
+	// statement, after the two before it committed.
+	third := migrations.MustPack()[start+2]
+	marker := "\n-- ==== " + third.File
 	i := strings.Index(text, marker)
-	require.Positive(t, i, "the script runs 0025")
+	require.Positive(t, i, "the script runs %s", third.File)
 	broken := text[:i] + "\nSELECT 1/0;" + text[i:]
 	out, err := runPsql(t, db, broken)
 	require.Error(t, err)
 	require.Contains(t, out, "division by zero")
 	var v int64
 	require.NoError(t, openSQL(t, db).QueryRowContext(context.Background(), "SELECT max(version_id) FROM "+db.Qualify(migrate.VersionTable)).Scan(&v))
-	require.Equal(t, int64(24), v, "0022..0024 committed, each in its own transaction")
-	require.Equal(t, endState(t, dbs.New(t, 24)), endState(t, db))
+	require.Equal(t, third.Version-1, v, "the two migrations before %s committed, each in its own transaction", third.File)
+	require.Equal(t, endState(t, dbs.New(t, third.Version-1)), endState(t, db))
 	out, err = runPsql(t, db, script(t, db, false, 0))
 	require.NoError(t, err, out)
 	require.Equal(t, endState(t, dbs.New(t, migrations.Latest())), endState(t, db))

@@ -11,16 +11,19 @@ import (
 	"time"
 
 	migrations "github.com/duroxide-pg/migrations"
+	"github.com/duroxide-pg/migrations/harness/ops/migrate"
 	"github.com/duroxide-pg/migrations/internal/dbconn"
 	"github.com/duroxide-pg/migrations/internal/migrateload"
+	"github.com/duroxide-pg/migrations/internal/planshape"
 	"github.com/duroxide-pg/migrations/internal/sim/bench"
+	"github.com/duroxide-pg/migrations/internal/sim/orch"
 	"github.com/duroxide-pg/migrations/internal/testenv/pgtest"
 	"github.com/duroxide-pg/migrations/internal/testenv/upstream"
 )
 
 // benchSummary is the line of `harness help` for the bench command (the
 // versions compared are in `harness bench -h`, read from the pack).
-const benchSummary = "speed before and after the pack's fixes, side by side in one run: bench [--rounds 3] [--duration 2.5s] [--scenarios backlog,hot,queue-only,migrate,worker,scale,runtime,migrate-load] [--scale-blocked 1000,10000,100000] [--json FILE] [--report DIR] [--dsn DSN]"
+const benchSummary = "speed before and after the pack's fixes, side by side in one run: bench [--rounds 3] [--duration 2.5s] [--scenarios backlog,hot,queue-only,migrate,worker,scale,runtime,migrate-load,plans] [--scale-blocked 1000,10000,100000] [--json FILE] [--report DIR] [--dsn DSN]"
 
 // runBench is `harness bench`: every scenario of package bench, rounds
 // alternating the versions before and after the fix of
@@ -38,7 +41,7 @@ func runBench(ctx context.Context, env *env, args []string) error {
 	sbefore, safter := bench.ScaleVersions()
 	rprev, rlatest := bench.RuntimeVersions()
 	scenarios := fs.String("scenarios", strings.Join(def.Scenarios, ","), fmt.Sprintf(
-		"scenarios to run: backlog, hot, queue-only, migrate (schema %d against %d), worker (schema %d against %d), scale (schema %d against %d), runtime (the real runtime: upstream's schema against %d and %d), migrate-load (migrate up to the latest while a writer enqueues: not run unless named)",
+		"scenarios to run: backlog, hot, queue-only, migrate (schema %d against %d), worker (schema %d against %d), scale (schema %d against %d), runtime (the real runtime: upstream's schema against %d and %d), migrate-load (migrate up to the latest while a writer enqueues: not run unless named), plans (rows a queue read reads, call after call: upstream's schema and the latest; not run unless named)",
 		bug, fix, wbug, wfix, sbefore, safter, rprev, rlatest))
 	hotLock := fs.Duration("hot-lock-timeout", def.HotLockTimeout, "hot scenario's lock timeout; 0: calibrated at start like the organic repro")
 	scaleBlocked := fs.String("scale-blocked", joinInts(def.ScaleBlocked), "scale: blocked message counts K, comma-separated")
@@ -50,8 +53,9 @@ func runBench(ctx context.Context, env *env, args []string) error {
 	loadMessages := fs.Int("migrate-load-messages", full.Messages, "migrate-load: messages queued before the writer starts")
 	loadInstances := fs.Int("migrate-load-instances", full.Instances, "migrate-load: instances the queued messages are spread over")
 	loadRate := fs.Int("migrate-load-rate", full.Rate, "migrate-load: the writer's messages per second")
+	plansRows := fs.Int("plans-rows", planshape.DefaultRows, "plans: the rows a call does not need, in every cell")
 	jsonFile := fs.String("json", "", "write the result as JSON to this file")
-	reportDir := fs.String("report", "", "write report.md, throughput.svg and bench.json into this directory (migrate-load: migrate-load.md and migrate-load.json)")
+	reportDir := fs.String("report", "", "write report.md, throughput.svg and bench.json into this directory (migrate-load: migrate-load.md and migrate-load.json; plans: plans.md and plans.json)")
 	pos, err := parse(fs, args)
 	if err != nil {
 		return err
@@ -81,10 +85,17 @@ func runBench(ctx context.Context, env *env, args []string) error {
 		return err
 	}
 	var load *migrateload.Load
+	plans := false
 	for _, s := range strings.Split(*scenarios, ",") {
 		s = strings.ReplaceAll(strings.TrimSpace(s), "-", "_")
 		switch s {
 		case "":
+			continue
+		case plansScenario:
+			if *plansRows < 1 {
+				return usagef("--plans-rows %d: at least 1", *plansRows)
+			}
+			plans = true
 			continue
 		case migrateLoadScenario:
 			load = &migrateload.Load{Messages: *loadMessages, Instances: *loadInstances, Rate: *loadRate, Lead: full.Lead, To: migrations.Latest()}
@@ -95,8 +106,8 @@ func runBench(ctx context.Context, env *env, args []string) error {
 		}
 		cfg.Scenarios = append(cfg.Scenarios, s)
 	}
-	if len(cfg.Scenarios) == 0 && load == nil {
-		return usagef("--scenarios is empty: name some of backlog, hot, queue-only, migrate, worker, scale, runtime, migrate-load")
+	if len(cfg.Scenarios) == 0 && load == nil && !plans {
+		return usagef("--scenarios is empty: name some of backlog, hot, queue-only, migrate, worker, scale, runtime, migrate-load, plans")
 	}
 	if len(cfg.Scenarios) > 0 {
 		if err := cfg.Validate(); err != nil {
@@ -104,9 +115,9 @@ func runBench(ctx context.Context, env *env, args []string) error {
 		}
 	}
 	var provider *upstream.Provider
-	if load != nil {
+	if load != nil || plans {
 		if provider, err = upstream.Find(); err != nil {
-			return usagef("bench --scenarios migrate-load starts from a database the real provider's runner makes: %v (make upstream installs it)", err)
+			return usagef("bench --scenarios migrate-load and plans start from a database the real provider's runner makes: %v (make upstream installs it)", err)
 		}
 	}
 
@@ -127,9 +138,14 @@ func runBench(ctx context.Context, env *env, args []string) error {
 		if err := runMigrateLoad(ctx, env, srv, provider, *load, *reportDir); err != nil {
 			return err
 		}
-		if len(cfg.Scenarios) == 0 {
-			return nil
+	}
+	if plans {
+		if err := runPlans(ctx, env, srv, provider, *plansRows, *reportDir); err != nil {
+			return err
 		}
+	}
+	if len(cfg.Scenarios) == 0 {
+		return nil
 	}
 	bar := newProgressBar(env.Stderr)
 	res, err := bench.Run(ctx, srv, cfg, bar.update)
@@ -169,25 +185,11 @@ func runMigrateLoad(ctx context.Context, env *env, srv *pgtest.Server, provider 
 	if err != nil {
 		return err
 	}
-	name, err := srv.CreateDatabase(ctx, "harness_bench_load_", "")
+	src, server, drop, err := benchDatabase(ctx, srv, "harness_bench_load_")
 	if err != nil {
 		return err
 	}
-	defer func() { _ = srv.DropDatabase(context.Background(), name) }()
-	src, err := srv.Source(name)
-	if err != nil {
-		return err
-	}
-	var server string
-	conn, err := src.Connect(ctx)
-	if err != nil {
-		return err
-	}
-	err = conn.QueryRow(ctx, "SELECT 'PostgreSQL ' || current_setting('server_version')").Scan(&server)
-	conn.Close(ctx)
-	if err != nil {
-		return err
-	}
+	defer drop()
 	var reps []*migrateload.Report
 	for i, start := range starts {
 		fmt.Fprintf(env.Stderr, "migrate-load: from %s ...\n", start.Name)
@@ -205,6 +207,68 @@ func runMigrateLoad(ctx context.Context, env *env, srv *pgtest.Server, provider 
 			return fmt.Errorf("write report: %w", err)
 		}
 		fmt.Fprintf(env.Stderr, "harness: report written to %s\n", filepath.Join(dir, migrateload.ReportFile))
+	}
+	return nil
+}
+
+// benchDatabase creates a database on srv for a scenario the cli runs
+// itself, and says which PostgreSQL it is; drop drops it.
+func benchDatabase(ctx context.Context, srv *pgtest.Server, prefix string) (src *dbconn.Source, server string, drop func(), err error) {
+	name, err := srv.CreateDatabase(ctx, prefix, "")
+	if err != nil {
+		return nil, "", nil, err
+	}
+	drop = func() { _ = srv.DropDatabase(context.Background(), name) }
+	if src, err = srv.Source(name); err != nil {
+		drop()
+		return nil, "", nil, err
+	}
+	conn, err := src.Connect(ctx)
+	if err != nil {
+		drop()
+		return nil, "", nil, err
+	}
+	err = conn.QueryRow(ctx, "SELECT 'PostgreSQL ' || current_setting('server_version')").Scan(&server)
+	conn.Close(ctx)
+	if err != nil {
+		drop()
+		return nil, "", nil, err
+	}
+	return src, server, drop, nil
+}
+
+// plansScenario is the bench scenario of internal/planshape, which the cli
+// runs itself (bench.Run does not know it).
+const plansScenario = "plans"
+
+// runPlans runs every planshape cell with rows unneeded rows on upstream's
+// schema as its runner makes it and on the pack's latest, prints the table
+// and writes the report into dir, if any.
+func runPlans(ctx context.Context, env *env, srv *pgtest.Server, provider *upstream.Provider, rows int, dir string) error {
+	src, server, drop, err := benchDatabase(ctx, srv, "harness_bench_plans_")
+	if err != nil {
+		return err
+	}
+	defer drop()
+	latest := fmt.Sprintf("pack %04d", migrations.Latest())
+	sides := []planshape.Side{
+		{Name: "upstream 1..21 and 23", Make: provider.Migrate},
+		{Name: latest, Make: func(ctx context.Context, src *dbconn.Source, schema string) error {
+			return migrate.To(ctx, src.Config(), schema, migrations.Latest())
+		}},
+	}
+	results, err := planshape.Run(ctx, src, sides, planshape.Cells(orch.RuntimeFilter()), rows, func(line string) {
+		fmt.Fprintf(env.Stderr, "plans: %s ...\n", line)
+	})
+	if err != nil {
+		return err
+	}
+	fmt.Fprint(env.Stdout, planshape.Table(results))
+	if dir != "" {
+		if err := planshape.WriteReport(dir, server, latest, results); err != nil {
+			return fmt.Errorf("write report: %w", err)
+		}
+		fmt.Fprintf(env.Stderr, "harness: report written to %s\n", filepath.Join(dir, planshape.ReportFile))
 	}
 	return nil
 }

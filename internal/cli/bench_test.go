@@ -6,6 +6,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -16,7 +17,9 @@ import (
 	migrations "github.com/duroxide-pg/migrations"
 	"github.com/duroxide-pg/migrations/internal/dbconn"
 	"github.com/duroxide-pg/migrations/internal/migrateload"
+	"github.com/duroxide-pg/migrations/internal/planshape"
 	"github.com/duroxide-pg/migrations/internal/sim/bench"
+	"github.com/duroxide-pg/migrations/internal/sim/orch"
 	"github.com/duroxide-pg/migrations/internal/testenv/upstream"
 )
 
@@ -120,4 +123,28 @@ func TestBenchMigrateLoadAtATinySize(t *testing.T) {
 	require.FileExists(t, filepath.Join(dir, migrateload.ReportFile))
 	require.FileExists(t, filepath.Join(dir, migrateload.JSONFile))
 	require.NoFileExists(t, filepath.Join(dir, bench.ReportFile), "only migrate-load ran")
+}
+
+// bench --scenarios plans at a tiny size: every cell on both sides, the
+// targets judged on the pack's latest, the report files.
+func TestBenchPlansAtATinySize(t *testing.T) {
+	upstream.Require(t)
+	dir := t.TempDir()
+	code, stdout, stderr := runCmd(t, runBench, "--scenarios", "plans", "--plans-rows", "500", "--report", dir)
+	require.Equal(t, exitOK, code, "stdout:\n%s\nstderr:\n%s", stdout, stderr)
+	latest := fmt.Sprintf("pack %04d", migrations.Latest())
+	for _, c := range planshape.Cells(orch.RuntimeFilter()) {
+		require.Contains(t, stdout, fmt.Sprintf("| %s (500) | upstream 1..21 and 23 |", c.Name))
+		require.Contains(t, stdout, fmt.Sprintf("| %s (500) | %s |", c.Name, latest))
+	}
+	md, err := os.ReadFile(filepath.Join(dir, planshape.ReportFile))
+	require.NoError(t, err)
+	require.Contains(t, string(md), "## Targets")
+	require.Contains(t, string(md), latest+", fetch_work_item, items scheduled for later: rows read from the 6th call on")
+	require.FileExists(t, filepath.Join(dir, planshape.JSONFile))
+	require.NoFileExists(t, filepath.Join(dir, bench.ReportFile), "only plans ran")
+
+	code, _, stderr = runCmd(t, runBench, "--scenarios", "plans", "--plans-rows", "0")
+	require.Equal(t, ExitUsage, code)
+	require.Contains(t, stderr, "--plans-rows 0")
 }

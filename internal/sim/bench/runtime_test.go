@@ -3,6 +3,7 @@ package bench
 import (
 	"bytes"
 	"context"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -13,7 +14,7 @@ import (
 )
 
 // TestRuntimeSmokeRun runs the runtime scenario small: the real runtime on
-// the three sides, one round, ten orchestrations and a fan-in of twenty.
+// the four sides, one round, ten orchestrations and a fan-in of twenty.
 func TestRuntimeSmokeRun(t *testing.T) {
 	upstream.Require(t)
 	s := server(t)
@@ -32,7 +33,7 @@ func TestRuntimeSmokeRun(t *testing.T) {
 	require.Equal(t, []int64{prev, latest}, []int64{rb.PreviousVersion, rb.LatestVersion})
 	require.Less(t, prev, latest)
 	for _, c := range rb.Cells {
-		require.Len(t, c.Rounds, 3, "%s: every side once", c.Name())
+		require.Len(t, c.Rounds, len(runtimeSides()), "%s: every side once", c.Name())
 		for _, side := range runtimeSides() {
 			if c.FanIn == 0 {
 				require.NotNil(t, c.PerSecond[side], "%s %s", c.Name(), side)
@@ -41,7 +42,7 @@ func TestRuntimeSmokeRun(t *testing.T) {
 			require.NotNil(t, c.WallMs[side])
 		}
 		for _, r := range c.Rounds {
-			if r.Side != runtimeUpstream {
+			if slices.Contains(runtimePackSides(), r.Side) {
 				require.Zero(t, r.Sample.LeaseLines, "%s %s: no line of the lease kind on the pack", c.Name(), r.Side)
 			}
 		}
@@ -74,26 +75,55 @@ func TestRuntimeSmokeRun(t *testing.T) {
 }
 
 func TestRuntimeTargetsReportEachRatio(t *testing.T) {
+	// Two rounds per side: the medians are the mean of the two.
+	rounds := func(perSecond, cpu map[string][2]float64) []Round[RuntimeSample] {
+		var out []Round[RuntimeSample]
+		for side, ps := range perSecond {
+			for i := range 2 {
+				out = append(out, Round[RuntimeSample]{Round: i + 1, Side: side, Sample: RuntimeSample{PerSecond: fp(ps[i]), CPUMsPerOrch: fp(cpu[side][i])}})
+			}
+		}
+		return out
+	}
 	rb := &RuntimeBench{PreviousVersion: 26, LatestVersion: 27, Cells: []RuntimeCell{
-		{OrchestrationConcurrency: 1, WorkerConcurrency: 1, Orchestrations: 10,
-			PerSecond: map[string]*float64{runtimeUpstream: fp(10), runtimePrevious: fp(12), runtimeLatest: fp(11)}},
-		{OrchestrationConcurrency: 16, WorkerConcurrency: 16, Orchestrations: 10,
-			PerSecond:    map[string]*float64{runtimeUpstream: fp(10), runtimePrevious: fp(14), runtimeLatest: fp(16)},
-			CPUMsPerOrch: map[string]*float64{runtimeUpstream: fp(30), runtimeLatest: fp(20)}},
+		{OrchestrationConcurrency: 1, WorkerConcurrency: 1, Orchestrations: 10, Rounds: rounds(
+			map[string][2]float64{runtimeUpstream: {10, 10}, runtimePrevious: {12, 12}, runtimeLatest: {11, 11}},
+			map[string][2]float64{runtimeUpstream: {20, 20}, runtimePrevious: {20, 20}, runtimeLatest: {19, 21}})},
+		{OrchestrationConcurrency: 16, WorkerConcurrency: 16, Orchestrations: 10, Rounds: rounds(
+			map[string][2]float64{runtimeUpstream: {10, 10}, runtimePrevious: {14, 14}, runtimeLatest: {12, 20}},
+			map[string][2]float64{runtimeUpstream: {30, 30}, runtimePrevious: {30, 30}, runtimeLatest: {30, 36}})},
+		{OrchestrationConcurrency: 16, WorkerConcurrency: 16, FanIn: 50},
 	}}
-	got := map[string]bool{}
+	for i := range rb.Cells {
+		rb.Cells[i].computeFigures()
+	}
+	got := map[string]Target{}
 	for _, tg := range runtimeTargets(rb) {
 		require.True(t, tg.Measured, tg.Name)
 		require.NotContains(t, tg.Name, "one at a time", "no uncontended cell, no per-function target")
-		got[tg.Name] = tg.Met
+		require.NotContains(t, tg.Name, "fan-in", "the fan-in has no throughput target")
+		got[tg.Name] = tg
+	}
+	met := map[string]bool{}
+	for n, tg := range got {
+		met[n] = tg.Met
 	}
 	require.Equal(t, map[string]bool{
-		"runtime 16/16: orchestrations/s, latest against upstream":                   true,  // 1.6x
-		"runtime 16/16: server CPU per orchestration, latest against upstream":       false, // 0.67x
-		"runtime 1/1: orchestrations/s, latest against upstream":                     true,  // 1.1x
+		"runtime 1/1 x10: server CPU per orchestration, latest against upstream":     true,  // 1.00x
+		"runtime 1/1 x10: orchestrations/s, latest against upstream":                 true,  // 1.10x
+		"runtime 16/16 x10: server CPU per orchestration, latest against upstream":   false, // 1.10x
+		"runtime 16/16 x10: orchestrations/s, latest against upstream":               true,  // 1.60x
 		"runtime 1/1 x10: orchestrations/s, latest (0027) against previous (0026)":   false, // 0.92x
-		"runtime 16/16 x10: orchestrations/s, latest (0027) against previous (0026)": true,
-	}, got)
+		"runtime 16/16 x10: orchestrations/s, latest (0027) against previous (0026)": true,  // 1.14x
+	}, met)
+	cpu1 := got["runtime 1/1 x10: server CPU per orchestration, latest against upstream"]
+	require.Equal(t, "1.00x (2 rounds: 0.95-1.05x, ±5%)", cpu1.Got)
+	require.Empty(t, cpu1.Reason, "met, and its rounds within ±10%")
+	ps16 := got["runtime 16/16 x10: orchestrations/s, latest against upstream"]
+	require.Equal(t, "1.60x (2 rounds: 1.20-2.00x, ±25%)", ps16.Got)
+	require.Contains(t, ps16.Reason, "spread ±25% over 2 rounds, above ±10%")
+	cpu16 := got["runtime 16/16 x10: server CPU per orchestration, latest against upstream"]
+	require.Contains(t, cpu16.Reason, "server CPU-seconds per second of run", "a miss says where the time went")
 }
 
 func TestUncontendedTargetsJudgeEveryFunctionAndNameTheFixThatIntendsAMiss(t *testing.T) {
