@@ -209,7 +209,7 @@ func TestConfigValidate(t *testing.T) {
 	c = Defaults()
 	c.BacklogDispatchers = []int{0}
 	require.Error(t, c.Validate())
-	require.Equal(t, 3*(8+2+6+2+8+2*10+3*5), Defaults().Steps(), "scale: 3 spread, 1 idle, 3 fan-in and 3 completed cells; runtime: 3 sides of the uncontended cell, 3 loads and the fan-in")
+	require.Equal(t, 3*(8+2+6+2+8+2*10+4*5), Defaults().Steps(), "scale: 3 spread, 1 idle, 3 fan-in and 3 completed cells; runtime: 4 sides of the uncontended cell, 3 loads and the fan-in")
 	c = Defaults()
 	c.RuntimeUncontended = -1
 	require.ErrorContains(t, c.Validate(), "uncontended")
