@@ -12,6 +12,7 @@ package migrations_test
 import (
 	"context"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -67,4 +68,41 @@ func TestWorkerFetchHadAGenericPlanCliffBeforeItsFix(t *testing.T) {
 	// generic plan (a bound of unknown value: a third of the table, by
 	// PostgreSQL's default estimate) always walks the primary key.
 	require.GreaterOrEqual(t, slices.Min(rows[5:]), int64(planshape.DefaultRows), "at %04d fetch_work_item's generic plan reads every item scheduled for later: %v", fix-1, rows)
+}
+
+// A renewal names its lease by token: at the pack's latest it reads the
+// rows of that lease, not the 100,000 other leases, in every call. Before
+// the latest fix of renew_orchestration_item_lock (no index on the
+// instance locks' token) it read the whole table, twice.
+func TestRenewalsReadOnlyTheirOwnLease(t *testing.T) {
+	t.Parallel()
+	var renewals []planshape.Cell
+	for _, cell := range planshape.Cells(orch.RuntimeFilter()) {
+		if strings.HasPrefix(cell.Name, "renew_") {
+			renewals = append(renewals, cell)
+		}
+	}
+	require.Len(t, renewals, 2)
+	var fix int64
+	for _, m := range migrations.Fixes() {
+		if slices.Contains(m.Fixes, "renew_orchestration_item_lock") {
+			fix = m.Version
+		}
+	}
+	for _, cell := range renewals {
+		t.Run(cell.Name, func(t *testing.T) {
+			t.Parallel()
+			rows := planshape.Rows(callsOn(t, dbs.New(t, migrations.Latest()), cell))
+			t.Logf("rows read per call at %04d: %v", migrations.Latest(), rows)
+			require.Less(t, slices.Max(rows), int64(100), "at %04d %s reads other leases' rows: %v", migrations.Latest(), cell.Name, rows)
+		})
+	}
+	t.Run("before the fix", func(t *testing.T) {
+		t.Parallel()
+		cell := renewals[len(renewals)-1]
+		require.True(t, strings.HasPrefix(cell.Name, "renew_orchestration_item_lock"))
+		rows := planshape.Rows(callsOn(t, dbs.New(t, fix-1), cell))
+		t.Logf("rows read per call at %04d: %v", fix-1, rows)
+		require.GreaterOrEqual(t, slices.Min(rows), int64(planshape.DefaultRows), "at %04d renew_orchestration_item_lock reads every lease: %v", fix-1, rows)
+	})
 }
