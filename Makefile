@@ -29,10 +29,11 @@ repro: upstream ## show the bugs and the fixes on a throwaway PostgreSQL: orches
 	@mkdir -p $(OUT)
 	$(HARNESS) repro all --report $(OUT) --json $(OUT)/repro.json
 
-bench: upstream ## speed side by side in one run: upstream's schema vs the pack's latest with the real runtime, then per fix (0019 vs 0020, worker before and after its fixes, scale 0019 vs the latest), about 8 min; then migrate up under a writer's load at 1,000,000 queued messages, then the rows each queue read reads call after call (generic plans); writes docs/bench/
+bench: upstream ## speed side by side in one run: upstream's schema vs the pack's latest with the real runtime, then per fix (0019 vs 0020, worker before and after its fixes, scale 0019 vs the latest), about 8 min; then migrate up under a writer's load at 1,000,000 queued messages, then the rows each queue read reads call after call (generic plans), then where each call's server time goes (upstream, the latest, the latest without its SET search_path clauses or its head upkeep); writes docs/bench/
 	$(HARNESS) bench --report docs/bench
 	$(HARNESS) bench --scenarios migrate-load --report docs/bench
 	$(HARNESS) bench --scenarios plans --report docs/bench
+	$(HARNESS) bench --scenarios calls --rounds 5 --report docs/bench
 
 worker-waits: ## run the 16-fetcher worker test RUNS times (default 200) on a server logging every lock wait over 1 ms; fails on any fetch_work_item wait
 	scripts/worker-lock-waits.sh $(or $(RUNS),200)

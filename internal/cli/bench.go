@@ -12,6 +12,7 @@ import (
 
 	migrations "github.com/duroxide-pg/migrations"
 	"github.com/duroxide-pg/migrations/harness/ops/migrate"
+	"github.com/duroxide-pg/migrations/internal/callcost"
 	"github.com/duroxide-pg/migrations/internal/dbconn"
 	"github.com/duroxide-pg/migrations/internal/migrateload"
 	"github.com/duroxide-pg/migrations/internal/planshape"
@@ -23,7 +24,7 @@ import (
 
 // benchSummary is the line of `harness help` for the bench command (the
 // versions compared are in `harness bench -h`, read from the pack).
-const benchSummary = "speed before and after the pack's fixes, side by side in one run: bench [--rounds 3] [--duration 2.5s] [--scenarios backlog,hot,queue-only,migrate,worker,scale,runtime,migrate-load,plans] [--scale-blocked 1000,10000,100000] [--json FILE] [--report DIR] [--dsn DSN]"
+const benchSummary = "speed before and after the pack's fixes, side by side in one run: bench [--rounds 3] [--duration 2.5s] [--scenarios backlog,hot,queue-only,migrate,worker,scale,runtime,migrate-load,plans,calls] [--scale-blocked 1000,10000,100000] [--json FILE] [--report DIR] [--dsn DSN]"
 
 // runBench is `harness bench`: every scenario of package bench, rounds
 // alternating the versions before and after the fix of
@@ -41,7 +42,7 @@ func runBench(ctx context.Context, env *env, args []string) error {
 	sbefore, safter := bench.ScaleVersions()
 	rprev, rlatest := bench.RuntimeVersions()
 	scenarios := fs.String("scenarios", strings.Join(def.Scenarios, ","), fmt.Sprintf(
-		"scenarios to run: backlog, hot, queue-only, migrate (schema %d against %d), worker (schema %d against %d), scale (schema %d against %d), runtime (the real runtime: upstream's schema against %d and %d), migrate-load (migrate up to the latest while a writer enqueues: not run unless named), plans (rows a queue read reads, call after call: upstream's schema and the latest; not run unless named)",
+		"scenarios to run: backlog, hot, queue-only, migrate (schema %d against %d), worker (schema %d against %d), scale (schema %d against %d), runtime (the real runtime: upstream's schema against %d and %d), migrate-load (migrate up to the latest while a writer enqueues: not run unless named), plans (rows a queue read reads, call after call: upstream's schema and the latest; not run unless named), calls (where a call's server time goes, uncontended: upstream's schema, the latest and its variants; not run unless named)",
 		bug, fix, wbug, wfix, sbefore, safter, rprev, rlatest))
 	hotLock := fs.Duration("hot-lock-timeout", def.HotLockTimeout, "hot scenario's lock timeout; 0: calibrated at start like the organic repro")
 	scaleBlocked := fs.String("scale-blocked", joinInts(def.ScaleBlocked), "scale: blocked message counts K, comma-separated")
@@ -54,8 +55,9 @@ func runBench(ctx context.Context, env *env, args []string) error {
 	loadInstances := fs.Int("migrate-load-instances", full.Instances, "migrate-load: instances the queued messages are spread over")
 	loadRate := fs.Int("migrate-load-rate", full.Rate, "migrate-load: the writer's messages per second")
 	plansRows := fs.Int("plans-rows", planshape.DefaultRows, "plans: the rows a call does not need, in every cell")
+	callsCount := fs.Int("calls-count", 2000, "calls: measured calls per cell, side and round")
 	jsonFile := fs.String("json", "", "write the result as JSON to this file")
-	reportDir := fs.String("report", "", "write report.md, throughput.svg and bench.json into this directory (migrate-load: migrate-load.md and migrate-load.json; plans: plans.md and plans.json)")
+	reportDir := fs.String("report", "", "write report.md, throughput.svg and bench.json into this directory (migrate-load: migrate-load.md and migrate-load.json; plans: plans.md and plans.json; calls: calls.md and calls.json)")
 	pos, err := parse(fs, args)
 	if err != nil {
 		return err
@@ -85,7 +87,7 @@ func runBench(ctx context.Context, env *env, args []string) error {
 		return err
 	}
 	var load *migrateload.Load
-	plans := false
+	plans, calls := false, false
 	for _, s := range strings.Split(*scenarios, ",") {
 		s = strings.ReplaceAll(strings.TrimSpace(s), "-", "_")
 		switch s {
@@ -97,6 +99,12 @@ func runBench(ctx context.Context, env *env, args []string) error {
 			}
 			plans = true
 			continue
+		case callsScenario:
+			if *callsCount < 1 {
+				return usagef("--calls-count %d: at least 1", *callsCount)
+			}
+			calls = true
+			continue
 		case migrateLoadScenario:
 			load = &migrateload.Load{Messages: *loadMessages, Instances: *loadInstances, Rate: *loadRate, Lead: full.Lead, To: migrations.Latest()}
 			if err := load.Validate(); err != nil {
@@ -106,8 +114,8 @@ func runBench(ctx context.Context, env *env, args []string) error {
 		}
 		cfg.Scenarios = append(cfg.Scenarios, s)
 	}
-	if len(cfg.Scenarios) == 0 && load == nil && !plans {
-		return usagef("--scenarios is empty: name some of backlog, hot, queue-only, migrate, worker, scale, runtime, migrate-load, plans")
+	if len(cfg.Scenarios) == 0 && load == nil && !plans && !calls {
+		return usagef("--scenarios is empty: name some of backlog, hot, queue-only, migrate, worker, scale, runtime, migrate-load, plans, calls")
 	}
 	if len(cfg.Scenarios) > 0 {
 		if err := cfg.Validate(); err != nil {
@@ -115,9 +123,9 @@ func runBench(ctx context.Context, env *env, args []string) error {
 		}
 	}
 	var provider *upstream.Provider
-	if load != nil || plans {
+	if load != nil || plans || calls {
 		if provider, err = upstream.Find(); err != nil {
-			return usagef("bench --scenarios migrate-load and plans start from a database the real provider's runner makes: %v (make upstream installs it)", err)
+			return usagef("bench --scenarios migrate-load, plans and calls start from a database the real provider's runner makes: %v (make upstream installs it)", err)
 		}
 	}
 
@@ -141,6 +149,11 @@ func runBench(ctx context.Context, env *env, args []string) error {
 	}
 	if plans {
 		if err := runPlans(ctx, env, srv, provider, *plansRows, *reportDir); err != nil {
+			return err
+		}
+	}
+	if calls {
+		if err := runCalls(ctx, env, srv, provider, *callsCount, *rounds, *reportDir); err != nil {
 			return err
 		}
 	}
@@ -269,6 +282,43 @@ func runPlans(ctx context.Context, env *env, srv *pgtest.Server, provider *upstr
 			return fmt.Errorf("write report: %w", err)
 		}
 		fmt.Fprintf(env.Stderr, "harness: report written to %s\n", filepath.Join(dir, planshape.ReportFile))
+	}
+	return nil
+}
+
+// callsScenario is the bench scenario of internal/callcost, which the cli
+// runs itself (bench.Run does not know it).
+const callsScenario = "calls"
+
+// runCalls runs every callcost cell, count calls a cell, rounds times, on
+// upstream's schema as its runner makes it, the pack's latest and its
+// variants, prints the tables and writes the report into dir, if any.
+func runCalls(ctx context.Context, env *env, srv *pgtest.Server, provider *upstream.Provider, count, rounds int, dir string) error {
+	src, server, drop, err := benchDatabase(ctx, srv, "harness_bench_calls_")
+	if err != nil {
+		return err
+	}
+	defer drop()
+	latest := fmt.Sprintf("pack %04d", migrations.Latest())
+	sides := callcost.Sides{
+		Upstream: callcost.Side{Name: "upstream 1..21 and 23", Make: provider.Migrate},
+		Latest: callcost.Side{Name: latest, Make: func(ctx context.Context, src *dbconn.Source, schema string) error {
+			return migrate.To(ctx, src.Config(), schema, migrations.Latest())
+		}},
+	}
+	filter := orch.RuntimeFilter()
+	results, err := callcost.Run(ctx, src, sides, callcost.Cells(filter.Min, filter.Max), count, rounds, func(line string) {
+		fmt.Fprintf(env.Stderr, "calls: %s ...\n", line)
+	})
+	if err != nil {
+		return err
+	}
+	fmt.Fprint(env.Stdout, callcost.Accounting(results, latest), "\n", callcost.Table(results))
+	if dir != "" {
+		if err := callcost.WriteReport(dir, server, latest, count, rounds, results); err != nil {
+			return fmt.Errorf("write report: %w", err)
+		}
+		fmt.Fprintf(env.Stderr, "harness: report written to %s\n", filepath.Join(dir, callcost.ReportFile))
 	}
 	return nil
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	migrations "github.com/duroxide-pg/migrations"
+	"github.com/duroxide-pg/migrations/internal/callcost"
 	"github.com/duroxide-pg/migrations/internal/dbconn"
 	"github.com/duroxide-pg/migrations/internal/migrateload"
 	"github.com/duroxide-pg/migrations/internal/planshape"
@@ -147,4 +148,29 @@ func TestBenchPlansAtATinySize(t *testing.T) {
 	code, _, stderr = runCmd(t, runBench, "--scenarios", "plans", "--plans-rows", "0")
 	require.Equal(t, ExitUsage, code)
 	require.Contains(t, stderr, "--plans-rows 0")
+}
+
+func TestBenchCallsAtATinySize(t *testing.T) {
+	upstream.Require(t)
+	dir := t.TempDir()
+	code, stdout, stderr := runCmd(t, runBench, "--scenarios", "calls", "--calls-count", "20", "--report", dir)
+	require.Equal(t, exitOK, code, "stdout:\n%s\nstderr:\n%s", stdout, stderr)
+	latest := fmt.Sprintf("pack %04d", migrations.Latest())
+	for _, c := range callcost.Cells(0, 0) {
+		for _, side := range []string{"upstream 1..21 and 23", latest, latest + ", no SET search_path", latest + ", no head upkeep"} {
+			require.Contains(t, stdout, fmt.Sprintf("| %s | %s |", c.Name, side))
+		}
+	}
+	md, err := os.ReadFile(filepath.Join(dir, callcost.ReportFile))
+	require.NoError(t, err)
+	require.Contains(t, string(md), "## What the latest adds, and where")
+	// The server timed every call: each function the latest's enqueue runs
+	// (its trigger and the heads' helper) has a time of its own.
+	require.Regexp(t, `\| enqueue_orchestrator_work, a new instance \| `+latest+` \| [0-9.]+ \|.*orchestrator_queue_heads_after_insert [0-9.]+`, string(md))
+	require.FileExists(t, filepath.Join(dir, callcost.JSONFile))
+	require.NoFileExists(t, filepath.Join(dir, bench.ReportFile), "only calls ran")
+
+	code, _, stderr = runCmd(t, runBench, "--scenarios", "calls", "--calls-count", "0")
+	require.Equal(t, ExitUsage, code)
+	require.Contains(t, stderr, "--calls-count 0")
 }
