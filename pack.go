@@ -76,6 +76,14 @@ type Definition struct {
 func (d Definition) Fingerprint() string { return Fingerprint(d.Source) }
 
 // Fingerprint is the hex md5 of a function source.
+// OutsideTransaction reports whether the migration file text runs outside
+// a transaction: goose's "-- +goose NO TRANSACTION" annotation, on a line
+// of its own before the Up section.
+func OutsideTransaction(text string) bool {
+	header, _, _ := strings.Cut(text, "-- +goose Up")
+	return strings.Contains(header, "\n-- +goose NO TRANSACTION\n")
+}
+
 func Fingerprint(source string) string {
 	sum := md5.Sum([]byte(source))
 	return hex.EncodeToString(sum[:])
@@ -179,7 +187,7 @@ func parse(file, num, text string) (Migration, error) {
 	}
 	m.Up, m.Down, _ = strings.Cut(rest, "-- +goose Down")
 	header, _, _ := strings.Cut(text, "-- +goose Up")
-	m.NoTransaction = strings.Contains(header, "\n-- +goose NO TRANSACTION\n")
+	m.NoTransaction = OutsideTransaction(text)
 	rows := upstreamRowRE.FindAllStringSubmatch(m.Up, -1)
 	if len(rows) > 1 {
 		return m, fmt.Errorf("%s: its Up records %d upstream versions; a port records exactly one", file, len(rows))

@@ -405,3 +405,10 @@ func TestConcurrentIndexWorkRunsOutsideATransaction(t *testing.T) {
 	}
 	require.Positive(t, annotated, "0027 builds its index concurrently")
 }
+
+func TestOutsideTransactionReadsTheHeaderOnly(t *testing.T) {
+	require.True(t, migrations.OutsideTransaction("-- 0027_x.sql\n-- +goose NO TRANSACTION\n\n-- +goose Up\nSELECT 1;\n"))
+	require.False(t, migrations.OutsideTransaction("-- 0020_x.sql\n\n-- +goose Up\nSELECT 1;\n"))
+	// The words in the Up (a comment quoting them) do not count.
+	require.False(t, migrations.OutsideTransaction("-- 0020_x.sql\n-- +goose Up\n-- not\n-- +goose NO TRANSACTION\nSELECT 1;\n"))
+}

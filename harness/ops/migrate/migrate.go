@@ -367,7 +367,7 @@ func (r *Runner) retryOnLockTimeout(ctx context.Context, step func() ([]*goose.M
 // outside a transaction (goose's NO TRANSACTION annotation).
 func (r *Runner) outsideTransaction(path string) bool {
 	text, err := fs.ReadFile(r.fsys, path)
-	return err == nil && strings.Contains(string(text), "\n-- +goose NO TRANSACTION\n")
+	return err == nil && migrations.OutsideTransaction(string(text))
 }
 
 // isLockTimeout reports whether err is PostgreSQL's lock_not_available
