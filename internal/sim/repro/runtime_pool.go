@@ -239,8 +239,35 @@ func (s RuntimePoolSide) showsBug() bool { return s.InvalidLockTokens > 0 }
 // connection, no line of the lease kind, every orchestration completed with
 // its own output.
 func (s RuntimePoolSide) clean(holds int) bool {
-	return len(s.Holds) == holds && s.HoldsDone == holds && s.SlowAcquires > 0 &&
-		s.LeaseLines == 0 && s.Expected > 0 && s.Completed == s.Expected && s.Wrong == 0
+	return s.exercised(holds) && s.ranWell()
+}
+
+// exercised reports whether the side ran under the form's conditions:
+// every hold exhausted the pool and a statement waited for a connection.
+func (s RuntimePoolSide) exercised(holds int) bool {
+	return len(s.Holds) == holds && s.HoldsDone == holds && s.SlowAcquires > 0
+}
+
+// ranWell reports whether the side's runtime logged no line of the lease
+// kind and completed every orchestration with its own output.
+func (s RuntimePoolSide) ranWell() bool {
+	return s.LeaseLines == 0 && s.Expected > 0 && s.Completed == s.Expected && s.Wrong == 0
+}
+
+// fixVerdict says how a side that should be fixed ran: fixed, NOT FIXED
+// (it ran badly), or NOT SHOWN (it ran well, but not under the form's
+// conditions, so the run proves nothing either way).
+func (s RuntimePoolSide) fixVerdict(holds int) string {
+	name := map[string]string{SidePack: "the pack", SideAmended: "the amended candidate"}[s.Side]
+	switch {
+	case !s.ranWell():
+		return "NOT FIXED on " + name
+	case !s.exercised(holds):
+		return fmt.Sprintf("NOT SHOWN on %s (not run under the form's conditions: %d of %d holds exhausted the pool, %d statements waited for a connection)",
+			name, s.HoldsDone, holds, s.SlowAcquires)
+	default:
+		return "fixed on " + name
+	}
 }
 
 // RuntimePoolResult is the pool-wait repro's outcome.
@@ -678,7 +705,15 @@ func PrintRuntimePool(w io.Writer, r RuntimePoolResult) error {
 		fix = "the pack and the amended candidate"
 	}
 	verdict := choose(r.Reproduced, "reproduced on "+bug, "NOT REPRODUCED on "+bug)
-	verdict += choose(r.Fixed, ", fixed on "+fix, ", NOT FIXED on "+fix)
+	if r.Fixed {
+		verdict += ", fixed on " + fix
+	} else {
+		for _, key := range []string{SidePack, SideAmended} {
+			if s, ok := r.Side(key); ok && !s.clean(r.Settings.Holds) {
+				verdict += ", " + s.fixVerdict(r.Settings.Holds)
+			}
+		}
+	}
 	_, err := fmt.Fprintf(w, "\nverdict: %s\n", verdict)
 	return err
 }

@@ -182,6 +182,16 @@ func TestRuntimePoolPrintSaysTheFormEachSideAndTheVerdict(t *testing.T) {
 	require.NoError(t, PrintRuntimePool(&b, r))
 	require.Contains(t, b.String(), "verdict: NOT REPRODUCED on upstream and its candidate, NOT FIXED on the pack\n")
 
+	// The pack ran well, but no statement waited for a connection: the run
+	// shows nothing about the fix, and says so rather than NOT FIXED.
+	r = poolResult()
+	r.Sides[2].SlowAcquires = 0
+	r.judge()
+	require.False(t, r.OK())
+	b.Reset()
+	require.NoError(t, PrintRuntimePool(&b, r))
+	require.Contains(t, b.String(), "verdict: reproduced on upstream and its candidate, NOT SHOWN on the pack (not run under the form's conditions: 3 of 3 holds exhausted the pool, 0 statements waited for a connection)\n")
+
 	md := runtimePoolMarkdown(poolResult())
 	require.True(t, strings.HasPrefix(md, "## The real runtime, pool-wait form"), md)
 	require.Contains(t, md, "```\nruntime repro, pool-wait form")
