@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/duroxide-pg/migrations/internal/dbconn"
+	"github.com/duroxide-pg/migrations/internal/stats"
 )
 
 // The variants of the latest, by what they take away.
@@ -130,7 +131,7 @@ func summarize(r *Result) {
 			parts[p.Function] = append(parts[p.Function], p.SelfUs)
 		}
 	}
-	r.Us, r.FirstMs = median(us), median(first)
+	r.Us, r.FirstMs = stats.Median(us), stats.Median(first)
 	if r.Us > 0 {
 		r.Spread = (slices.Max(us) - slices.Min(us)) / 2 / r.Us
 	}
@@ -139,7 +140,7 @@ func summarize(r *Result) {
 		for len(v) < len(r.Samples) {
 			v = append(v, 0) // a round where the function took no time
 		}
-		r.Parts = append(r.Parts, Part{Function: f, SelfUs: median(v)})
+		r.Parts = append(r.Parts, Part{Function: f, SelfUs: stats.Median(v)})
 	}
 	sort.Slice(r.Parts, func(a, b int) bool {
 		if r.Parts[a].SelfUs != r.Parts[b].SelfUs {
@@ -147,18 +148,6 @@ func summarize(r *Result) {
 		}
 		return r.Parts[a].Function < r.Parts[b].Function
 	})
-}
-
-func median(v []float64) float64 {
-	if len(v) == 0 {
-		return 0
-	}
-	v = slices.Clone(v)
-	slices.Sort(v)
-	if len(v)%2 == 1 {
-		return v[len(v)/2]
-	}
-	return (v[len(v)/2-1] + v[len(v)/2]) / 2
 }
 
 // Table is the results as a markdown table, with each side's time against

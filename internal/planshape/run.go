@@ -6,13 +6,13 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/duroxide-pg/migrations/internal/dbconn"
+	"github.com/duroxide-pg/migrations/internal/stats"
 )
 
 // Side is a schema state the cells run on.
@@ -96,11 +96,7 @@ func medianUs(calls []Call) float64 {
 	for i, c := range calls {
 		v[i] = c.Micros
 	}
-	slices.Sort(v)
-	if len(v)%2 == 1 {
-		return v[len(v)/2]
-	}
-	return (v[len(v)/2-1] + v[len(v)/2]) / 2
+	return stats.Median(v)
 }
 
 // ReportFile and JSONFile are the files WriteReport writes.
