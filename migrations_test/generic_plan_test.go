@@ -7,7 +7,7 @@ package migrations_test
 // calls 2-5, with 100,000 rows it does not need (scheduled for later,
 // leased, or completed instances) next to the few it does. Measured in
 // rows read (internal/planshape: pg_stat_xact_user_tables), never in time;
-// `harness bench --scenarios plans` reports the same cells with times.
+// `harness-lab bench --scenarios plans` reports the same cells with times.
 
 import (
 	"context"

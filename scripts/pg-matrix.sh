@@ -277,20 +277,20 @@ for major in "${majors[@]}"; do
   else
     repro_args=(all --worker-duration 5s --runtime-holds 2 --runtime-hold 6s --pool-holds 1 --pool-orchestrations 250)
   fi
-  msg "PostgreSQL $server_ver: go run ./harness/cmd/harness repro ${repro_args[*]} (log: $rlog)"
+  msg "PostgreSQL $server_ver: go run ./harness/cmd/harness-lab repro ${repro_args[*]} (log: $rlog)"
   t2="$(now_ms)"
   # The repro is a timing demonstration on a shared machine: a stall longer
   # than the calibrated lock timeout (a few hundred ms) can fail a verdict
   # at either version. A failed run is printed in full, then run once more;
   # the table says "pass (retry)" when only the second run passed.
-  if PG_BIN="$bin" go run ./harness/cmd/harness repro "${repro_args[@]}" --json "$logdir/pg$major-repro.json" >"$rlog" 2>&1; then
+  if PG_BIN="$bin" go run ./harness/cmd/harness-lab repro "${repro_args[@]}" --json "$logdir/pg$major-repro.json" >"$rlog" 2>&1; then
     repro_res=pass
   else
     rc=$?
     msg "PostgreSQL $server_ver: repro exited $rc; its output follows, then one more run"
     sed 's/^/    | /' "$rlog" >&2
     mv "$rlog" "$logdir/pg$major-repro-first.log"
-    if PG_BIN="$bin" go run ./harness/cmd/harness repro "${repro_args[@]}" --json "$logdir/pg$major-repro.json" >"$rlog" 2>&1; then
+    if PG_BIN="$bin" go run ./harness/cmd/harness-lab repro "${repro_args[@]}" --json "$logdir/pg$major-repro.json" >"$rlog" 2>&1; then
       repro_res="pass (retry)"
     else
       repro_res="FAIL (exit $?)"; failed=1

@@ -7,7 +7,7 @@
 #   busy  one busy loop per core: `while :; do :; done`
 #   fork  one shell loop per core forking `date` each iteration (a CI box
 #         running builds): `while :; do date >/dev/null; done`
-# REPRO=KINDS runs `harness repro KINDS` (e.g. REPRO=organic) instead of
+# REPRO=KINDS runs `harness-lab repro KINDS` (e.g. REPRO=organic) instead of
 # `make repro`, with the same --report and --json; OUT (default out) is
 # where the runs go: OUT/under-load/run-N (and run-N.log).
 set -uo pipefail
@@ -20,7 +20,7 @@ repro="${REPRO:-}"
 out="${OUT:-out}/under-load"
 mkdir -p "$out"
 if [ -n "$repro" ]; then
-  go build -o "$out/harness" ./harness/cmd/harness || exit 1
+  go build -o "$out/harness-lab" ./harness/cmd/harness-lab || exit 1
 fi
 loops=()
 stop() {
@@ -45,7 +45,7 @@ for i in $(seq 1 "$runs"); do
   log="$out/run-$i.log"
   if [ -n "$repro" ]; then
     # shellcheck disable=SC2086 # KINDS is a list of words
-    "$out/harness" repro $repro --report "$out/run-$i" --json "$out/run-$i/repro.json" >"$log" 2>&1
+    "$out/harness-lab" repro $repro --report "$out/run-$i" --json "$out/run-$i/repro.json" >"$log" 2>&1
   else
     make -s repro OUT="$out/run-$i" >"$log" 2>&1
   fi

@@ -77,7 +77,7 @@ func TestBadInputIsRefusedAndLeavesTheCatalogAsItWas(t *testing.T) {
 	require.NoError(t, err)
 	dsn := srv.DSN(db)
 	code, _, stderr := run(t, "migrate", "up", "--dsn", dsn)
-	require.Equal(t, exitOK, code, stderr)
+	require.Equal(t, ExitOK, code, stderr)
 	conn, err := pgx.Connect(ctx, dsn)
 	require.NoError(t, err)
 	t.Cleanup(func() { conn.Close(context.Background()) })
@@ -133,9 +133,6 @@ func TestBadInputIsRefusedAndLeavesTheCatalogAsItWas(t *testing.T) {
 		badInput{"doctor: --max-attempts 0", []string{"doctor", "--max-attempts", "0", "--dsn", dsn}, 0, "--max-attempts"},
 		badInput{"doctor: a negative --watch", []string{"doctor", "--watch", "-1s", "--dsn", dsn}, 0, "--watch"},
 		badInput{"doctor: a --watch that is not a duration", []string{"doctor", "--watch", "soon", "--dsn", dsn}, 0, "invalid value \"soon\" for flag -watch"},
-		badInput{"db start: a version beyond the latest", []string{"db", "start", "--migrate", "99"}, 0, fmt.Sprintf("--migrate 99: give a version of the pack, 1..%d", latest)},
-		badInput{"db start: a negative version", []string{"db", "start", "--migrate", "-1"}, 0, "--migrate -1"},
-		badInput{"db start: an unknown backend", []string{"db", "start", "--backend", "cloud"}, 0, `unknown backend "cloud"`},
 	)
 
 	before := catalogSnapshot(t, ctx, conn)
@@ -180,12 +177,12 @@ func TestOddButValidSchemaNamesAreUsedExactlyAsGiven(t *testing.T) {
 				require.Equal(t, want, code, "%q\nstdout: %s\nstderr: %s", args, stdout, stderr)
 				return stdout + stderr
 			}
-			step(exitOK, "baseline")
-			out := step(exitOK, "migrate", "up")
+			step(ExitOK, "baseline")
+			out := step(ExitOK, "migrate", "up")
 			require.Contains(t, out, fmt.Sprintf("now at version %d (schema %s)", migrations.Latest(), schema))
-			out = step(exitOK, "doctor", "--json")
+			out = step(ExitOK, "doctor", "--json")
 			require.Contains(t, out, `"status": "ok"`)
-			out = step(exitOK, "migrate", "down", "--to", fmt.Sprint(port.Version))
+			out = step(ExitOK, "migrate", "down", "--to", fmt.Sprint(port.Version))
 			require.Contains(t, out, fmt.Sprintf("now at version %d (schema %s)", port.Version, schema))
 
 			rows, err := conn.Query(ctx, "SELECT nspname FROM pg_namespace WHERE nspname NOT LIKE 'pg\\_%' AND nspname <> 'information_schema' ORDER BY 1")

@@ -11,18 +11,18 @@ import (
 
 // runBaseline adopts a database created by duroxide-pg's own runner: see
 // package baseline.
-func runBaseline(ctx context.Context, env *env, args []string) error {
-	fs := newFlags(env, "baseline")
+func runBaseline(ctx context.Context, env *Env, args []string) error {
+	fs := NewFlags(env, "baseline")
 	var t target
 	t.register(fs)
 	dryRun := fs.Bool("dry-run", false, "check and print what would be done; change nothing")
 	force := fs.Bool("force", false, "proceed past what baseline cannot vouch for (unknown function bodies, newer upstream rows, a disagreeing goose table) and list it")
-	pos, err := parse(fs, args)
+	pos, err := Parse(fs, args)
 	if err != nil {
 		return err
 	}
 	if len(pos) != 0 {
-		return usagef("baseline takes no arguments, got %q (e.g. `harness baseline --dsn DSN --schema duroxide --dry-run`)", pos[0])
+		return Usagef("baseline takes no arguments, got %q (e.g. `harness baseline --dsn DSN --schema duroxide --dry-run`)", pos[0])
 	}
 	if err := t.resolve(); err != nil {
 		return err
@@ -36,7 +36,7 @@ func runBaseline(ctx context.Context, env *env, args []string) error {
 		// baseline writes goose's table: it must belong to the owner of the
 		// rest, as what migrate up creates later will.
 		if err := migrate.CheckOwner(ctx, db, t.schema); err != nil {
-			return failure{msg: "baseline refused: " + err.Error()}
+			return Failure{Msg: "baseline refused: " + err.Error()}
 		}
 	}
 	res, err := baseline.Run(ctx, db, baseline.Options{
@@ -48,10 +48,10 @@ func runBaseline(ctx context.Context, env *env, args []string) error {
 	var refusal *baseline.Refusal
 	if errors.As(err, &refusal) {
 		fmt.Fprintln(env.Stdout, "baseline refused: "+refusal.Error())
-		return failure{msg: "baseline refused: " + refusal.Reason}
+		return Failure{Msg: "baseline refused: " + refusal.Reason}
 	}
 	if err != nil {
-		return failure{msg: "baseline: " + pgErrText(err)}
+		return Failure{Msg: "baseline: " + pgErrText(err)}
 	}
 	fmt.Fprintf(env.Stdout, "schema %s:\n", res.Schema)
 	for _, l := range res.Lines {

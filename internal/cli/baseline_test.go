@@ -26,10 +26,10 @@ func TestMain(m *testing.M) {
 
 // runCmd runs one subcommand function as Run would (while it is not yet
 // listed in commands()).
-func runCmd(t *testing.T, fn func(context.Context, *env, []string) error, args ...string) (int, string, string) {
+func runCmd(t *testing.T, fn func(context.Context, *Env, []string) error, args ...string) (int, string, string) {
 	t.Helper()
 	var out, errOut bytes.Buffer
-	env := &env{Stdout: &out, Stderr: &errOut}
+	env := &Env{Program: "harness", Stdout: &out, Stderr: &errOut}
 	return report(env, fn(context.Background(), env, args)), out.String(), errOut.String()
 }
 
@@ -46,20 +46,20 @@ func TestBaselineCommand(t *testing.T) {
 	base := []string{"--dsn", d.DSN, "--schema", d.Schema}
 
 	code, out, errOut := runCmd(t, runBaseline, append(base, "--dry-run")...)
-	require.Equal(t, exitOK, code, errOut)
+	require.Equal(t, ExitOK, code, errOut)
 	require.Contains(t, out, "would create")
 	require.Contains(t, out, "dry run: nothing was changed")
 
 	code, out, errOut = runCmd(t, runBaseline, base...)
-	require.Equal(t, exitOK, code, errOut)
+	require.Equal(t, ExitOK, code, errOut)
 	require.Contains(t, out, "baselined at goose version 17")
 
 	code, out, _ = runCmd(t, runBaseline, base...)
-	require.Equal(t, exitOK, code)
+	require.Equal(t, ExitOK, code)
 	require.Contains(t, out, "nothing to do")
 
 	code, out, errOut = run(t, "migrate", "up", "--dsn", d.DSN, "--schema", d.Schema)
-	require.Equal(t, exitOK, code, errOut)
+	require.Equal(t, ExitOK, code, errOut)
 	require.Contains(t, out, fmt.Sprintf("now at version %d", migrations.Latest()))
 }
 
@@ -69,18 +69,18 @@ func TestBaselineCommandRefusals(t *testing.T) {
 	base := []string{"--dsn", d.DSN, "--schema", d.Schema}
 	sqlExec(t, d, "DELETE FROM "+d.Qualify("goose_db_version")+" WHERE version_id > 2")
 	code, _, errOut := runCmd(t, runBaseline, base...)
-	require.Equal(t, exitFailure, code)
+	require.Equal(t, ExitFailure, code)
 	require.Contains(t, errOut, "--force")
 
 	sqlExec(t, d, "DROP TABLE "+d.Qualify("goose_db_version"))
 	sqlExec(t, d, "ALTER TABLE "+d.Qualify("instance_locks")+" ADD COLUMN owner text")
 	code, out, errOut := runCmd(t, runBaseline, base...)
-	require.Equal(t, exitFailure, code)
+	require.Equal(t, ExitFailure, code)
 	require.Contains(t, errOut, "does not match")
 	require.Contains(t, out, "+ extra    table instance_locks column owner")
 
 	code, _, errOut = runCmd(t, runBaseline, "--dsn", d.DSN, "--schema", "elsewhere")
-	require.Equal(t, exitFailure, code)
+	require.Equal(t, ExitFailure, code)
 	require.Contains(t, errOut, "no _duroxide_migrations table")
 }
 

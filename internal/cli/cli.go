@@ -9,11 +9,6 @@ import (
 	"fmt"
 	"io"
 	"strings"
-	"time"
-
-	"github.com/duroxide-pg/migrations/harness/ops/migrate"
-	"github.com/duroxide-pg/migrations/internal/dbconn"
-	"github.com/duroxide-pg/migrations/internal/testenv/pgtest"
 )
 
 // Exit codes. doctor's follow the monitoring-plugin convention (0 ok,
@@ -21,8 +16,8 @@ import (
 // sysexits.h, so that monitoring can tell a broken check from a critical
 // database.
 const (
-	exitOK      = 0
-	exitFailure = 1 // the command ran and found a problem (e.g. a repro verdict); doctor: warning
+	ExitOK      = 0
+	ExitFailure = 1 // the command ran and found a problem (e.g. a repro verdict); doctor: warning
 	// exitCritical is doctor's "critical" verdict, also given when the
 	// database cannot be reached or read.
 	exitCritical = 2
@@ -43,7 +38,7 @@ type usageError struct{ msg string }
 
 func (e usageError) Error() string { return e.msg }
 
-func usagef(format string, args ...any) error { return usageError{fmt.Sprintf(format, args...)} }
+func Usagef(format string, args ...any) error { return usageError{fmt.Sprintf(format, args...)} }
 
 // unreachableError is a database that cannot be connected to: bad input
 // for most commands (check the DSN), a critical state for doctor.
@@ -52,84 +47,120 @@ type unreachableError struct{ usage usageError }
 func (e unreachableError) Error() string { return e.usage.msg }
 func (e unreachableError) Unwrap() error { return e.usage }
 
-// command is one subcommand.
-type command struct {
-	name    string
-	summary string
-	run     func(ctx context.Context, env *env, args []string) error
+// Command is one subcommand of a program.
+type Command struct {
+	Name    string
+	Summary string
+	Run     func(ctx context.Context, env *Env, args []string) error
 }
 
-// env is what a command writes to.
-type env struct {
-	Stdout io.Writer
-	Stderr io.Writer
+// Env is what a command writes to, and the name of the program it runs
+// in (the prefix of its messages and of its flags' usage).
+type Env struct {
+	Program string
+	Stdout  io.Writer
+	Stderr  io.Writer
 }
 
-func commands() []command {
-	return []command{
-		{"migrate", "apply or roll back migrations, or plan them: migrate up|down|status|version|plan [--to N] [--lock-timeout D] [--dsn DSN | --env NAME] [--schema S]", runMigrate},
-		{"db", "throwaway database: db start [--backend auto|local|dsn|docker]", runDB},
-		{"sql", "print the SQL migrate would run, for review and psql: sql up|down [--to N] [--dsn DSN | --env NAME] [--schema S] [-o FILE]", runSQL},
-		{"baseline", "adopt a database made by duroxide-pg's own runner: baseline [--dsn DSN | --env NAME] [--schema S] [--dry-run] [--force]", runBaseline},
-		{"doctor", "health check, exit 0 ok / 1 warning / 2 critical / 64 bad input: doctor [--dsn DSN | --env NAME] [--schema S] [--format text|json|prometheus] [--watch 5s] [--max-attempts 10] [--reset-attempts INSTANCE... [--apply]]", runDoctor},
-		{"bench", benchSummary, runBench},
-		{"soak", "fault-injection soak, exit 1 on any invariant violation: soak [--duration 5m] [--round 20s] [--dsn DSN] [--version N] [--seed N] [--no-restart] [--json FILE] | soak --runtime [--duration 5m] [--each] [--orchestrations N] [--doc FILE]", runSoak},
-		{"repro", "show the bugs before the pack's fixes and the fixes: " + strings.TrimPrefix(reproUsage, "usage: harness "), runRepro},
-		{"version", "the pack's version, the sha256 of the migrations built in, and the build: version [--config FILE]", runVersion},
+// Program is a command line: its name, its subcommands, and the text help
+// prints after their list.
+type Program struct {
+	Name     string
+	Commands []Command
+	Notes    string
+	// Moved are commands another program now has, by name: what to run
+	// instead, for the refusal.
+	Moved map[string]string
+}
+
+// operator is the `harness` command: what a DBA runs against a database
+// they name. It links no throwaway server and no test code; the lab
+// command (package lab) has those.
+func operator() Program {
+	p := Program{
+		Name: "harness",
+		Commands: []Command{
+			{"migrate", "apply or roll back migrations, or plan them: migrate up|down|status|version|plan [--to N] [--lock-timeout D] [--dsn DSN | --env NAME] [--schema S]", runMigrate},
+			{"sql", "print the SQL migrate would run, for review and psql: sql up|down [--to N] [--dsn DSN | --env NAME] [--schema S] [-o FILE]", runSQL},
+			{"baseline", "adopt a database made by duroxide-pg's own runner: baseline [--dsn DSN | --env NAME] [--schema S] [--dry-run] [--force]", runBaseline},
+			{"doctor", "health check, exit 0 ok / 1 warning / 2 critical / 64 bad input: doctor [--dsn DSN | --env NAME] [--schema S] [--format text|json|prometheus] [--watch 5s] [--max-attempts 10] [--reset-attempts INSTANCE... [--apply]]", runDoctor},
+			{"version", "the pack's version, the sha256 of the migrations built in, and the build: version [--config FILE]", runVersion},
+		},
+		Notes: "migrate, baseline, sql and doctor work on the --dsn they are given, and on nothing else.\n\n" +
+			"Throwaway servers, the repros, the benches and the soaks are the lab command's:\n" +
+			"go run ./harness/cmd/harness-lab help",
+		Moved: map[string]string{},
 	}
+	// The lab's commands were the operator's until the split: a `harness
+	// repro` from an older script is told where the command went.
+	for _, name := range []string{"db", "bench", "soak", "repro"} {
+		p.Moved[name] = "go run ./harness/cmd/harness-lab " + name + " (or bin/harness-lab " + name + ")"
+	}
+	return p
 }
 
-// Run executes the command line args (without the program name) and returns
-// the process exit code.
+// Run executes the operator command line args (without the program name)
+// and returns the process exit code.
 func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	env := &env{Stdout: stdout, Stderr: stderr}
+	return Main(ctx, operator(), args, stdout, stderr)
+}
+
+// Main executes the command line args of prog (without the program name)
+// and returns the process exit code.
+func Main(ctx context.Context, prog Program, args []string, stdout, stderr io.Writer) int {
+	env := &Env{Program: prog.Name, Stdout: stdout, Stderr: stderr}
 	if len(args) == 0 || args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
-		printHelp(stdout)
+		printHelp(stdout, prog)
 		if len(args) == 0 {
 			return ExitUsage
 		}
-		return exitOK
+		return ExitOK
 	}
-	for _, c := range commands() {
-		if c.name == args[0] {
-			return report(env, c.run(ctx, env, args[1:]))
+	for _, c := range prog.Commands {
+		if c.Name == args[0] {
+			return report(env, c.Run(ctx, env, args[1:]))
 		}
 	}
-	return report(env, usagef("unknown command %q: run `harness help` for the list", args[0]))
+	if instead, ok := prog.Moved[args[0]]; ok {
+		return report(env, Usagef("%s is not a command of %s: run `%s`", args[0], prog.Name, instead))
+	}
+	return report(env, Usagef("unknown command %q: run `%s help` for the list", args[0], prog.Name))
 }
 
-func report(env *env, err error) int {
+func report(env *Env, err error) int {
 	if err == nil {
-		return exitOK
+		return ExitOK
 	}
 	if errors.Is(err, flag.ErrHelp) {
-		return exitOK
+		return ExitOK
 	}
+	prefix := env.Program + ": "
 	var x exitError
 	if errors.As(err, &x) {
-		fmt.Fprintln(env.Stderr, "harness: "+oneLine(x.msg))
+		fmt.Fprintln(env.Stderr, prefix+oneLine(x.msg))
 		return x.code
 	}
 	var u usageError
 	if errors.As(err, &u) {
-		fmt.Fprintln(env.Stderr, "harness: "+oneLine(u.msg))
+		fmt.Fprintln(env.Stderr, prefix+oneLine(u.msg))
 		return ExitUsage
 	}
-	var f failure
+	var f Failure
 	if errors.As(err, &f) {
-		if f.msg != "" {
-			fmt.Fprintln(env.Stderr, "harness: "+f.msg)
+		if f.Msg != "" {
+			fmt.Fprintln(env.Stderr, prefix+f.Msg)
 		}
-		return exitFailure
+		return ExitFailure
 	}
-	fmt.Fprintln(env.Stderr, "harness: "+err.Error())
-	return exitFailure
+	fmt.Fprintln(env.Stderr, prefix+err.Error())
+	return ExitFailure
 }
 
-// failure is a command that ran to the end with a negative verdict.
-type failure struct{ msg string }
+// Failure is a command that ran to the end with a negative verdict: exit
+// 1, Msg on stderr.
+type Failure struct{ Msg string }
 
-func (f failure) Error() string { return f.msg }
+func (f Failure) Error() string { return f.Msg }
 
 func oneLine(s string) string {
 	s = strings.TrimSpace(s)
@@ -139,21 +170,21 @@ func oneLine(s string) string {
 	return s
 }
 
-func printHelp(w io.Writer) {
-	fmt.Fprintln(w, "harness: duroxide-pg-migrations harness\n\nusage: harness <command> [flags]\n\ncommands:")
-	for _, c := range commands() {
-		fmt.Fprintf(w, "  %-8s %s\n", c.name, c.summary)
+func printHelp(w io.Writer, prog Program) {
+	fmt.Fprintf(w, "%[1]s: duroxide-pg-migrations %[1]s\n\nusage: %[1]s <command> [flags]\n\ncommands:\n", prog.Name)
+	for _, c := range prog.Commands {
+		fmt.Fprintf(w, "  %-8s %s\n", c.Name, c.Summary)
 	}
-	fmt.Fprintln(w, "\nThrowaway work (repro, bench, soak, db) uses an existing server only when named: --dsn or HARNESS_DSN,")
-	fmt.Fprintln(w, "never DATABASE_URL; there it creates its own databases and drops only those. migrate, baseline, sql")
-	fmt.Fprintln(w, "and doctor work on the --dsn they are given.")
-	fmt.Fprintln(w, "\nRun `harness <command> -h` for its flags.")
+	if prog.Notes != "" {
+		fmt.Fprintln(w, "\n"+prog.Notes)
+	}
+	fmt.Fprintf(w, "\nRun `%s <command> -h` for its flags.\n", prog.Name)
 }
 
-// newFlags makes a flag set that reports errors instead of exiting; -h
+// NewFlags makes a flag set that reports errors instead of exiting; -h
 // prints its flags to stdout, a bad flag is a one-line usage error.
-func newFlags(env *env, name string) *flag.FlagSet {
-	fs := flag.NewFlagSet("harness "+name, flag.ContinueOnError)
+func NewFlags(env *Env, name string) *flag.FlagSet {
+	fs := flag.NewFlagSet(env.Program+" "+name, flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	fs.Usage = func() {
 		fmt.Fprintf(env.Stdout, "usage of %s:\n", fs.Name())
@@ -164,16 +195,16 @@ func newFlags(env *env, name string) *flag.FlagSet {
 	return fs
 }
 
-// parse parses flags, turning flag errors into usage errors; positional
+// Parse parses flags, turning flag errors into usage errors; positional
 // arguments may come before or after the flags.
-func parse(fs *flag.FlagSet, args []string) ([]string, error) {
+func Parse(fs *flag.FlagSet, args []string) ([]string, error) {
 	var positional []string
 	for {
 		if err := fs.Parse(args); err != nil {
 			if errors.Is(err, flag.ErrHelp) {
 				return nil, err
 			}
-			return nil, usagef("%v (run `%s -h`)", err, fs.Name())
+			return nil, Usagef("%v (run `%s -h`)", err, fs.Name())
 		}
 		args = fs.Args()
 		if len(args) == 0 {
@@ -182,47 +213,4 @@ func parse(fs *flag.FlagSet, args []string) ([]string, error) {
 		positional = append(positional, args[0])
 		args = args[1:]
 	}
-}
-
-// obtainServer obtains the throwaway server a command works on: the
-// environment's backend, or the existing server of dsn when it is given.
-// Failing to get one is a usage error (the message names the ways to get
-// one).
-func obtainServer(ctx context.Context, dsn string) (*pgtest.Server, error) {
-	opts := pgtest.OptionsFromEnv()
-	if dsn != "" {
-		opts.Backend, opts.DSN = pgtest.DSN, dsn
-	}
-	return obtainServerWith(ctx, opts)
-}
-
-func obtainServerWith(ctx context.Context, opts pgtest.Options) (*pgtest.Server, error) {
-	startCtx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-	defer cancel()
-	srv, err := pgtest.Start(startCtx, opts)
-	if err != nil {
-		return nil, usagef("%v", err)
-	}
-	return srv, nil
-}
-
-// migratedDatabase creates a database on srv, its name starting with
-// prefix, and migrates schema in it to version (nothing for version 0): the
-// database a command that works on one schema runs against. It returns the
-// connections to it; the database goes when srv is closed.
-func migratedDatabase(ctx context.Context, srv *pgtest.Server, prefix, schema string, version int64) (*dbconn.Source, error) {
-	name, err := srv.CreateDatabase(ctx, prefix, "")
-	if err != nil {
-		return nil, err
-	}
-	src, err := srv.Source(name)
-	if err != nil {
-		return nil, err
-	}
-	if version > 0 {
-		if err := migrate.To(ctx, src.Config(), schema, version); err != nil {
-			return nil, err
-		}
-	}
-	return src, nil
 }

@@ -44,25 +44,25 @@ func TestMigrateUpThenVersionAndStatus(t *testing.T) {
 	dsn := srv.DSN(name)
 
 	code, out, errOut := run(t, "migrate", "up", "--dsn", dsn, "--schema", "s", "--to", "19")
-	require.Equal(t, exitOK, code, errOut)
+	require.Equal(t, ExitOK, code, errOut)
 	require.Contains(t, out, "now at version 19 (schema s)")
 
 	code, out, _ = run(t, "migrate", "up", "--dsn", dsn, "--schema", "s")
-	require.Equal(t, exitOK, code)
+	require.Equal(t, ExitOK, code)
 	code, out, _ = run(t, "migrate", "version", "--dsn", dsn, "--schema", "s")
-	require.Equal(t, exitOK, code)
+	require.Equal(t, ExitOK, code)
 	latest := migrations.Latest()
 	require.Equal(t, fmt.Sprintf("%d\n", latest), out, "version prints the newest version")
 
 	code, out, _ = run(t, "migrate", "status", "--dsn", dsn, "--schema", "s")
-	require.Equal(t, exitOK, code)
+	require.Equal(t, ExitOK, code)
 	lines := strings.Split(strings.TrimSpace(out), "\n")
 	require.Len(t, lines, int(latest)+1, "a header and one line per migration")
 	require.Contains(t, lines[1], "0001_initial_schema.sql")
 	require.Contains(t, lines[latest], "applied")
 
 	code, out, _ = run(t, "migrate", "down", "--dsn", dsn, "--schema", "s", "--to", "19")
-	require.Equal(t, exitOK, code)
+	require.Equal(t, ExitOK, code)
 	require.Contains(t, out, "now at version 19")
 }
 
@@ -82,10 +82,8 @@ func TestBadInputExitsWithCode2AndOneLine(t *testing.T) {
 		{"no database given", []string{"migrate", "up"}, "no database"},
 		{"unknown flag", []string{"migrate", "up", "--frob"}, "flag provided but not defined"},
 		{"unknown environment", []string{"migrate", "up", "--env", "nowhere"}, "no environment"},
-		{"unknown repro", []string{"repro", "sideways"}, "unknown repro"},
-		{"repro side that does not exist", []string{"repro", "minimal", "--dsn", dsn, "--sides", "upstream,pack,sideways"}, "--sides"},
-		{"repro without upstream's side", []string{"repro", "minimal", "--dsn", dsn, "--sides", "candidate,pack"}, "give both"},
-		{"repro side twice", []string{"repro", "runtime", "--dsn", dsn, "--sides", "upstream,pack,pack"}, "at most once"},
+		{"a lab command", []string{"repro", "minimal", "--dsn", dsn}, "run `go run ./harness/cmd/harness-lab repro"},
+		{"another lab command", []string{"db", "start"}, "run `go run ./harness/cmd/harness-lab db"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -107,7 +105,7 @@ func TestEnvironmentFromGooseYAML(t *testing.T) {
 	require.NoError(t, os.WriteFile(cfg, []byte("schema: fromfile\nenvironments:\n  test:\n    dsn_env: CLI_TEST_DSN\n"), 0o644))
 	t.Setenv("CLI_TEST_DSN", srv.DSN(name))
 	code, out, errOut := run(t, "migrate", "up", "--config", cfg, "--env", "test", "--to", "3")
-	require.Equal(t, exitOK, code, errOut)
+	require.Equal(t, ExitOK, code, errOut)
 	require.Contains(t, out, "now at version 3 (schema fromfile)")
 }
 
@@ -116,7 +114,7 @@ func TestSQLWritesAScriptAndRefusesBadInput(t *testing.T) {
 	dsn := srv.DSN("postgres")
 	file := filepath.Join(t.TempDir(), "up.sql")
 	code, _, errOut := run(t, "sql", "up", "--dsn", dsn, "--schema", "scripted", "--to", "21", "-o", file)
-	require.Equal(t, exitOK, code, errOut)
+	require.Equal(t, ExitOK, code, errOut)
 	require.Contains(t, errOut, "21 migration(s), goose version 0 -> 21 of schema scripted")
 	text, err := os.ReadFile(file)
 	require.NoError(t, err)

@@ -19,7 +19,7 @@ import (
 // runDoctor checks a duroxide schema (package doctor). Exit codes, for
 // monitoring: 0 ok, 1 warning, 2 critical (also when the database cannot be
 // reached or read: an unknown state is treated as critical), 64 bad input.
-func runDoctor(ctx context.Context, env *env, args []string) error {
+func runDoctor(ctx context.Context, env *Env, args []string) error {
 	err := doctorCommand(ctx, env, args)
 	var u usageError
 	if errors.As(err, &u) {
@@ -55,8 +55,8 @@ func prometheusAsked(args []string) (schema string, ok bool) {
 	return schema, ok
 }
 
-func doctorCommand(ctx context.Context, env *env, args []string) error {
-	fs := newFlags(env, "doctor")
+func doctorCommand(ctx context.Context, env *Env, args []string) error {
+	fs := NewFlags(env, "doctor")
 	var t target
 	t.register(fs)
 	format := fs.String("format", "text", "output: text, json, or prometheus (the text exposition format, for node_exporter's textfile collector)")
@@ -66,31 +66,31 @@ func doctorCommand(ctx context.Context, env *env, args []string) error {
 	apply := fs.Bool("apply", false, "with --reset-attempts: really reset")
 	listLimit := fs.Int("list-limit", doctor.DefaultListLimit, "list at most this many instances per finding (trapped messages, expired leases, orphan locks), the worst first; 0: every one")
 	watch := fs.Duration("watch", 0, "check again every INTERVAL (e.g. 5s) until Ctrl-C, on one line that updates in place")
-	pos, err := parse(fs, args)
+	pos, err := Parse(fs, args)
 	if err != nil {
 		return err
 	}
 	switch {
 	case *reset && len(pos) == 0:
-		return usagef("--reset-attempts needs instance ids: `harness doctor --dsn DSN --reset-attempts INSTANCE... [--apply]`")
+		return Usagef("--reset-attempts needs instance ids: `harness doctor --dsn DSN --reset-attempts INSTANCE... [--apply]`")
 	case !*reset && len(pos) > 0:
-		return usagef("unexpected argument %q: instance ids only go with --reset-attempts", pos[0])
+		return Usagef("unexpected argument %q: instance ids only go with --reset-attempts", pos[0])
 	case *apply && !*reset:
-		return usagef("--apply only goes with --reset-attempts")
+		return Usagef("--apply only goes with --reset-attempts")
 	case *listLimit < 0:
-		return usagef("--list-limit must be 0 (every instance) or more, got %d", *listLimit)
+		return Usagef("--list-limit must be 0 (every instance) or more, got %d", *listLimit)
 	case *maxAttempts < 1:
-		return usagef("--max-attempts must be at least 1, got %d", *maxAttempts)
+		return Usagef("--max-attempts must be at least 1, got %d", *maxAttempts)
 	case *format != "text" && *format != "json" && *format != "prometheus":
-		return usagef("--format %q: use text, json or prometheus", *format)
+		return Usagef("--format %q: use text, json or prometheus", *format)
 	case *asJSONFlag && *format == "prometheus":
-		return usagef("--json and --format prometheus: choose one")
+		return Usagef("--json and --format prometheus: choose one")
 	case *reset && *format == "prometheus":
-		return usagef("--format prometheus does not go with --reset-attempts")
+		return Usagef("--format prometheus does not go with --reset-attempts")
 	case *watch < 0 || (*watch > 0 && *watch < 100*time.Millisecond):
-		return usagef("--watch %v: give an interval of at least 100ms, e.g. --watch 5s", *watch)
+		return Usagef("--watch %v: give an interval of at least 100ms, e.g. --watch 5s", *watch)
 	case *watch > 0 && (*format != "text" || *asJSONFlag || *reset):
-		return usagef("--watch prints one line for a shell: it does not go with --format, --json or --reset-attempts")
+		return Usagef("--watch prints one line for a shell: it does not go with --format, --json or --reset-attempts")
 	}
 	if *asJSONFlag {
 		*format = "json"
@@ -123,7 +123,7 @@ func doctorCommand(ctx context.Context, env *env, args []string) error {
 	if *reset {
 		rows, missing, err := doctor.ResetAttempts(ctx, db, t.schema, pos, *apply)
 		if err != nil {
-			return failure{msg: "doctor: reset attempts: " + pgErrText(err)}
+			return Failure{Msg: "doctor: reset attempts: " + pgErrText(err)}
 		}
 		fns, _ := doctor.Functions(ctx, db, t.schema)
 		if asJSON {
@@ -193,7 +193,7 @@ func verdict(rep *doctor.Report) error {
 	case doctor.Critical:
 		return exitError{code: exitCritical, msg: "doctor: critical: " + worst(rep, doctor.Critical)}
 	case doctor.Warning:
-		return failure{msg: "doctor: warning: " + worst(rep, doctor.Warning)}
+		return Failure{Msg: "doctor: warning: " + worst(rep, doctor.Warning)}
 	}
 	return nil
 }
@@ -201,7 +201,7 @@ func verdict(rep *doctor.Report) error {
 // watchDoctor checks every interval until ctx ends (Ctrl-C), rewriting one
 // line: the time, the status, and what changed it. It ends with a newline
 // and the exit code of the last check.
-func watchDoctor(ctx context.Context, env *env, db doctor.Querier, opts doctor.Options, interval time.Duration) error {
+func watchDoctor(ctx context.Context, env *Env, db doctor.Querier, opts doctor.Options, interval time.Duration) error {
 	var last *doctor.Report
 	for checks := 1; ; checks++ {
 		rep, err := doctor.Check(ctx, db, opts)

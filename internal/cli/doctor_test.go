@@ -20,11 +20,11 @@ func TestDoctorExitCodes(t *testing.T) {
 	t.Parallel()
 	latest := dbs.New(t, migrations.Latest())
 	code, out, errOut := runCmd(t, runDoctor, "--dsn", latest.DSN, "--schema", latest.Schema)
-	require.Equal(t, exitOK, code, out+errOut)
+	require.Equal(t, ExitOK, code, out+errOut)
 	require.Contains(t, out, "schema duroxide: OK")
 
 	code, out, _ = runCmd(t, runDoctor, "--dsn", latest.DSN, "--schema", latest.Schema, "--json")
-	require.Equal(t, exitOK, code)
+	require.Equal(t, ExitOK, code)
 	var rep map[string]any
 	require.NoError(t, json.Unmarshal([]byte(out), &rep))
 	require.Equal(t, "ok", rep["status"])
@@ -57,16 +57,16 @@ func TestDoctorResetAttempts(t *testing.T) {
 	require.Equal(t, 1, code, "trapped messages are a warning")
 
 	code, out, errOut := runCmd(t, runDoctor, append(base, "--reset-attempts", "a")...)
-	require.Equal(t, exitOK, code, errOut)
+	require.Equal(t, ExitOK, code, errOut)
 	require.Contains(t, out, "dry run")
 	code, _, _ = runCmd(t, runDoctor, base...)
 	require.Equal(t, 1, code, "a dry run changes nothing")
 
 	code, out, errOut = runCmd(t, runDoctor, append(base, "--reset-attempts", "a", "b", "--apply")...)
-	require.Equal(t, exitOK, code, errOut)
+	require.Equal(t, ExitOK, code, errOut)
 	require.Contains(t, out, "reset attempt_count to 0 on 2 message(s)")
 	code, out, _ = runCmd(t, runDoctor, base...)
-	require.Equal(t, exitOK, code, out)
+	require.Equal(t, ExitOK, code, out)
 }
 
 func TestDoctorListsTheWorstTrappedInstancesAndSaysHowManyThereAre(t *testing.T) {
@@ -125,14 +125,14 @@ func TestDoctorReportsAndResetsTrappedWorkerItems(t *testing.T) {
 	require.Contains(t, out, `duroxide_doctor_worker_max_attempt_count{schema="duroxide"} 40`)
 
 	code, out, errOut := runCmd(t, runDoctor, append(base, "--reset-attempts", "w", "nobody")...)
-	require.Equal(t, exitOK, code, errOut)
+	require.Equal(t, ExitOK, code, errOut)
 	require.Contains(t, out, "dry run: would reset attempt_count to 0 on 0 message(s) and 3 worker item(s)")
 	require.Contains(t, out, "no orchestrator message or worker item for: nobody")
 	code, out, errOut = runCmd(t, runDoctor, append(base, "--reset-attempts", "w", "--apply")...)
-	require.Equal(t, exitOK, code, errOut)
+	require.Equal(t, ExitOK, code, errOut)
 	require.Contains(t, out, "reset attempt_count to 0 on 0 message(s) and 3 worker item(s)")
 	code, out, _ = runCmd(t, runDoctor, base...)
-	require.Equal(t, exitOK, code, out)
+	require.Equal(t, ExitOK, code, out)
 	var left int
 	conn := d.Conn(t, "")
 	require.NoError(t, conn.QueryRow(context.Background(), "SELECT count(*) FROM "+d.Qualify("worker_queue")+" WHERE attempt_count > 0").Scan(&left))
@@ -170,7 +170,7 @@ func TestDoctorWritesPrometheusTextForTheTextfileCollector(t *testing.T) {
 	t.Parallel()
 	latest := dbs.New(t, migrations.Latest())
 	code, out, errOut := runCmd(t, runDoctor, "--dsn", latest.DSN, "--schema", latest.Schema, "--format", "prometheus")
-	require.Equal(t, exitOK, code, errOut)
+	require.Equal(t, ExitOK, code, errOut)
 	require.Contains(t, out, "# TYPE duroxide_doctor_status gauge\n")
 	require.Contains(t, out, `duroxide_doctor_status{schema="duroxide"} 0`)
 	for _, m := range migrations.Fixes() {
@@ -182,7 +182,7 @@ func TestDoctorWritesPrometheusTextForTheTextfileCollector(t *testing.T) {
 
 	d19 := dbs.New(t, migrations.LastContiguousPort())
 	code, out, _ = runCmd(t, runDoctor, "--dsn", d19.DSN, "--schema", d19.Schema, "--format", "prometheus")
-	require.Equal(t, exitFailure, code, "a warning exits 1 in every format")
+	require.Equal(t, ExitFailure, code, "a warning exits 1 in every format")
 	require.Contains(t, out, `duroxide_doctor_status{schema="duroxide"} 1`)
 	require.Contains(t, out, `duroxide_doctor_check{schema="duroxide",check="fetch_orchestration_item"} 1`)
 
@@ -216,7 +216,7 @@ func TestDoctorWatchRewritesOneLineUntilStopped(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var out, errOut syncBuffer
-	env := &env{Stdout: &out, Stderr: &errOut}
+	env := &Env{Program: "harness", Stdout: &out, Stderr: &errOut}
 	done := make(chan int)
 	go func() {
 		done <- report(env, runDoctor(ctx, env, []string{"--dsn", latest.DSN, "--schema", latest.Schema, "--watch", "100ms"}))
@@ -224,7 +224,7 @@ func TestDoctorWatchRewritesOneLineUntilStopped(t *testing.T) {
 	require.Eventually(t, func() bool { return strings.Contains(out.String(), "(check 3,") }, 20*time.Second, 20*time.Millisecond,
 		"three checks, one per interval")
 	cancel() // Ctrl-C
-	require.Equal(t, exitOK, <-done, errOut.String())
+	require.Equal(t, ExitOK, <-done, errOut.String())
 	got := out.String()
 	require.True(t, strings.HasSuffix(got, "\n"), "the line is ended when it stops")
 	require.Zero(t, strings.Count(strings.TrimSuffix(got, "\n"), "\n"), "one line, rewritten in place: %q", got)

@@ -18,8 +18,8 @@ import (
 	"github.com/duroxide-pg/migrations/harness/ops/migrate"
 )
 
-func runMigrate(ctx context.Context, env *env, args []string) error {
-	fs := newFlags(env, "migrate")
+func runMigrate(ctx context.Context, env *Env, args []string) error {
+	fs := NewFlags(env, "migrate")
 	var t target
 	t.register(fs)
 	to := fs.String("to", "", "target version: up applies up to it, down rolls back to it")
@@ -27,38 +27,38 @@ func runMigrate(ctx context.Context, env *env, args []string) error {
 	lockTimeout := fs.Duration("lock-timeout", migrate.DefaultLockTimeout,
 		"longest wait of a migration for a lock before it is rolled back and retried (0: wait as long as the server's lock_timeout says); writers of a table queue behind a migration waiting for it")
 	lockRetries := fs.Int("lock-retries", migrate.DefaultLockRetries, "how many times a migration rolled back on --lock-timeout runs again")
-	pos, err := parse(fs, args)
+	pos, err := Parse(fs, args)
 	if err != nil {
 		return err
 	}
 	if len(pos) != 1 {
-		return usagef("migrate needs one action: up, down, status, version or plan (e.g. `harness migrate up --dsn ...`)")
+		return Usagef("migrate needs one action: up, down, status, version or plan (e.g. `harness migrate up --dsn ...`)")
 	}
 	action := pos[0]
 	switch action {
 	case "up", "down", "status", "version", "plan":
 	default:
-		return usagef("unknown migrate action %q: use up, down, status, version or plan", action)
+		return Usagef("unknown migrate action %q: use up, down, status, version or plan", action)
 	}
 	var version int64 = -1
 	if *to != "" {
 		if action != "up" && action != "down" && action != "plan" {
-			return usagef("--to only applies to up, down and plan")
+			return Usagef("--to only applies to up, down and plan")
 		}
 		v, err := strconv.ParseInt(*to, 10, 64)
 		if err != nil || v < 0 {
-			return usagef("--to %q is not a version number: give a version of the pack (0 for down: everything)", *to)
+			return Usagef("--to %q is not a version number: give a version of the pack (0 for down: everything)", *to)
 		}
 		version = v
 	}
 	if *lockTimeout < 0 {
-		return usagef("--lock-timeout %v is negative: give a duration (5s), or 0 for no bound", *lockTimeout)
+		return Usagef("--lock-timeout %v is negative: give a duration (5s), or 0 for no bound", *lockTimeout)
 	}
 	if *lockTimeout > 0 && *lockTimeout < time.Millisecond {
-		return usagef("--lock-timeout %v is below a millisecond, lock_timeout's unit", *lockTimeout)
+		return Usagef("--lock-timeout %v is below a millisecond, lock_timeout's unit", *lockTimeout)
 	}
 	if *lockRetries < 0 {
-		return usagef("--lock-retries %d is negative: give 0 for none", *lockRetries)
+		return Usagef("--lock-retries %d is negative: give 0 for none", *lockRetries)
 	}
 	if err := t.resolve(); err != nil {
 		return err
@@ -89,7 +89,7 @@ func runMigrate(ctx context.Context, env *env, args []string) error {
 		case action == "plan":
 			return printPlan(env, st, version)
 		case !st.SchemaExists || !st.TableExists:
-			return usagef("%s: nothing to roll back; nothing was created", missingWhat(st))
+			return Usagef("%s: nothing to roll back; nothing was created", missingWhat(st))
 		}
 	}
 	run := migrate.Options{Verbose: *verbose, LockTimeout: *lockTimeout, LockRetries: *lockRetries, Log: env.Stderr}
@@ -106,7 +106,7 @@ func runMigrate(ctx context.Context, env *env, args []string) error {
 	}
 	defer r.Close()
 	if version > r.Latest() || (version == 0 && action == "up") {
-		return usagef("version %d does not exist: the pack has 1..%d", version, r.Latest())
+		return Usagef("version %d does not exist: the pack has 1..%d", version, r.Latest())
 	}
 	switch action {
 	case "up":
@@ -117,7 +117,7 @@ func runMigrate(ctx context.Context, env *env, args []string) error {
 			_, err = r.Up(ctx)
 		}
 		if errors.Is(err, migrate.ErrNoSuchVersion) {
-			return usagef("%v", err)
+			return Usagef("%v", err)
 		}
 		if err != nil {
 			return err
@@ -131,7 +131,7 @@ func runMigrate(ctx context.Context, env *env, args []string) error {
 			_, err = r.Down(ctx)
 		}
 		if errors.Is(err, migrate.ErrNoSuchVersion) {
-			return usagef("%v", err)
+			return Usagef("%v", err)
 		}
 		if err != nil {
 			return err
@@ -154,7 +154,7 @@ func missingWhat(st *migrate.State) string {
 
 // printStatus lists every migration of the pack with its state, as goose's
 // status does, from what ReadState read.
-func printStatus(env *env, t target, st *migrate.State) error {
+func printStatus(env *Env, t target, st *migrate.State) error {
 	sources, err := migrate.Sources(nil)
 	if err != nil {
 		return err
@@ -174,7 +174,7 @@ func printStatus(env *env, t target, st *migrate.State) error {
 	return tw.Flush()
 }
 
-func printVersion(ctx context.Context, env *env, r *migrate.Runner, prefix string) error {
+func printVersion(ctx context.Context, env *Env, r *migrate.Runner, prefix string) error {
 	v, err := r.Version(ctx)
 	if err != nil {
 		return err
@@ -190,7 +190,7 @@ func printVersion(ctx context.Context, env *env, r *migrate.Runner, prefix strin
 // printPlan lists what `migrate up [--to version]` would apply to the
 // schema as st found it, each migration with its header's locks and
 // duration and the size of the tables those locks name. It only reads.
-func printPlan(env *env, st *migrate.State, to int64) error {
+func printPlan(env *Env, st *migrate.State, to int64) error {
 	pack, err := migrations.Pack()
 	if err != nil {
 		return err

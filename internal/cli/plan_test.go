@@ -34,7 +34,7 @@ func TestMigratePlanListsPendingMigrationsWithTheirLocks(t *testing.T) {
 	heads := pack[i]
 	from := strconv.FormatInt(heads.Version-1, 10)
 	code, _, errOut := run(t, "migrate", "up", "--dsn", dsn, "--schema", "s", "--to", from)
-	require.Equal(t, exitOK, code, errOut)
+	require.Equal(t, ExitOK, code, errOut)
 	conn, err := pgx.Connect(ctx, dsn)
 	require.NoError(t, err)
 	defer conn.Close(ctx)
@@ -43,7 +43,7 @@ func TestMigratePlanListsPendingMigrationsWithTheirLocks(t *testing.T) {
 	require.NoError(t, err)
 
 	code, out, errOut := run(t, "migrate", "plan", "--dsn", dsn, "--schema", "s")
-	require.Equal(t, exitOK, code, errOut)
+	require.Equal(t, ExitOK, code, errOut)
 	require.Contains(t, out, fmt.Sprintf("schema s is at goose version %s; `migrate up` to %d applies %d migration(s)",
 		from, migrations.Latest(), len(pack)-i))
 	for _, m := range pack[i:] {
@@ -57,16 +57,16 @@ func TestMigratePlanListsPendingMigrationsWithTheirLocks(t *testing.T) {
 	require.Contains(t, section, "orchestrator_queue ~1000 rows")
 
 	code, out, _ = run(t, "migrate", "version", "--dsn", dsn, "--schema", "s")
-	require.Equal(t, exitOK, code)
+	require.Equal(t, ExitOK, code)
 	require.Equal(t, from+"\n", out, "plan changed the schema's version")
 
 	code, out, errOut = run(t, "migrate", "plan", "--dsn", dsn, "--schema", "s", "--to", strconv.FormatInt(heads.Version, 10))
-	require.Equal(t, exitOK, code, errOut)
+	require.Equal(t, ExitOK, code, errOut)
 	require.Contains(t, out, "applies 1 migration(s)")
 
 	code, _, errOut = run(t, "migrate", "up", "--dsn", dsn, "--schema", "s")
-	require.Equal(t, exitOK, code, errOut)
+	require.Equal(t, ExitOK, code, errOut)
 	code, out, _ = run(t, "migrate", "plan", "--dsn", dsn, "--schema", "s")
-	require.Equal(t, exitOK, code)
+	require.Equal(t, ExitOK, code)
 	require.Contains(t, out, "nothing to apply")
 }

@@ -16,18 +16,18 @@ import (
 
 // runSQL prints the SQL `harness migrate up|down` would run (package
 // sqlscript), for review and psql.
-func runSQL(ctx context.Context, env *env, args []string) error {
-	fs := newFlags(env, "sql")
+func runSQL(ctx context.Context, env *Env, args []string) error {
+	fs := NewFlags(env, "sql")
 	var t target
 	t.register(fs)
 	to := fs.String("to", "", "target version (up: default the pack's latest; down: required)")
 	out := fs.String("o", "", "write the script to this file instead of standard output")
-	pos, err := parse(fs, args)
+	pos, err := Parse(fs, args)
 	if err != nil {
 		return err
 	}
 	if len(pos) != 1 || (pos[0] != "up" && pos[0] != "down") {
-		return usagef("sql needs up or down: `harness sql up --dsn DSN [--to N] [-o FILE]` or `harness sql down --to N --dsn DSN`")
+		return Usagef("sql needs up or down: `harness sql up --dsn DSN [--to N] [-o FILE]` or `harness sql down --to N --dsn DSN`")
 	}
 	down := pos[0] == "down"
 	var version int64
@@ -35,11 +35,11 @@ func runSQL(ctx context.Context, env *env, args []string) error {
 	case *to != "":
 		v, err := strconv.ParseInt(*to, 10, 64)
 		if err != nil || v < 0 {
-			return usagef("--to %q is not a version number: give a version of the pack (0 for down: everything)", *to)
+			return Usagef("--to %q is not a version number: give a version of the pack (0 for down: everything)", *to)
 		}
 		version = v
 	case down:
-		return usagef("sql down needs --to N, the version to roll back to")
+		return Usagef("sql down needs --to N, the version to roll back to")
 	}
 	if err := t.resolve(); err != nil {
 		return err
@@ -63,7 +63,7 @@ func runSQL(ctx context.Context, env *env, args []string) error {
 		fmt.Fprintf(env.Stderr, "harness: %v; no script written\n", err)
 		return nil
 	case errors.Is(err, migrate.ErrNoSuchVersion), errors.Is(err, migrate.ErrNeedsBaseline):
-		return usagef("%v", err)
+		return Usagef("%v", err)
 	case err != nil:
 		return fmt.Errorf("sql: %s", pgErrText(err))
 	}
@@ -75,7 +75,7 @@ func runSQL(ctx context.Context, env *env, args []string) error {
 	}
 	f, err := os.Create(*out)
 	if err != nil {
-		return usagef("cannot write %s: %v", *out, err)
+		return Usagef("cannot write %s: %v", *out, err)
 	}
 	if err := errors.Join(sqlscript.Write(f, plan), f.Close()); err != nil {
 		return fmt.Errorf("sql: write %s: %w", *out, err)

@@ -38,23 +38,23 @@ func (t *target) register(fs *flag.FlagSet) {
 func (t *target) resolve() error {
 	cfg, err := config.Load(t.configPath)
 	if err != nil {
-		return usagef("%v", err)
+		return Usagef("%v", err)
 	}
 	t.cfg = cfg
 	if t.dsn != "" && t.env != "" {
-		return usagef("give --dsn or --env, not both")
+		return Usagef("give --dsn or --env, not both")
 	}
 	envSchema := ""
 	if t.env != "" {
 		if t.dsn, envSchema, err = cfg.DSN(t.env); err != nil {
-			return usagef("%v", err)
+			return Usagef("%v", err)
 		}
 	}
 	if t.dsn == "" {
-		return usagef("no database: give --dsn postgres://user@host:5432/db or --env NAME (from goose.yaml)")
+		return Usagef("no database: give --dsn postgres://user@host:5432/db or --env NAME (from goose.yaml)")
 	}
 	if t.src, err = dbconn.Parse(t.dsn); err != nil {
-		return usagef("%s", oneLine(err.Error()))
+		return Usagef("%s", oneLine(err.Error()))
 	}
 	t.flags.Visit(func(f *flag.Flag) {
 		t.schemaSet = t.schemaSet || f.Name == "schema"
@@ -80,16 +80,16 @@ func (t *target) resolve() error {
 // connects.
 func checkNames(schemaFrom, schema, role string, roleSet bool, versionTable string) error {
 	if err := migrate.CheckName(schemaFrom, schema, false); err != nil {
-		return usagef("%v", err)
+		return Usagef("%v", err)
 	}
 	if roleSet || role != "" {
 		if err := migrate.CheckName("--role", role, true); err != nil {
-			return usagef("%v", err)
+			return Usagef("%v", err)
 		}
 	}
 	if versionTable != "" {
 		if err := migrate.CheckName("version_table (goose.yaml)", versionTable, false); err != nil {
-			return usagef("%v", err)
+			return Usagef("%v", err)
 		}
 	}
 	return nil
@@ -102,10 +102,10 @@ func (t *target) open(ctx context.Context, run migrate.Options) (*migrate.Runner
 	run.Schema, run.VersionTable, run.Role = t.schema, t.cfg.VersionTable, t.role
 	r, err := migrate.Open(ctx, t.src.Config(), run)
 	if errors.Is(err, migrate.ErrNeedsBaseline) || errors.Is(err, migrate.ErrPooler) {
-		return nil, usagef("%v", err)
+		return nil, Usagef("%v", err)
 	}
 	if err != nil {
-		return nil, usagef("cannot use %s: %s; check the DSN, that the server runs and that the role may create schema %q",
+		return nil, Usagef("cannot use %s: %s; check the DSN, that the server runs and that the role may create schema %q",
 			t.src, oneLine(pgErrText(err)), t.schema)
 	}
 	return r, nil
@@ -121,10 +121,10 @@ func pgErrText(err error) string {
 func (t *target) inspect(ctx context.Context) (*migrate.State, error) {
 	st, err := migrate.Inspect(ctx, t.src.Config(), migrate.Options{Schema: t.schema, VersionTable: t.cfg.VersionTable, Role: t.role})
 	if errors.Is(err, migrate.ErrNeedsBaseline) || errors.Is(err, migrate.ErrPooler) {
-		return nil, usagef("%v", err)
+		return nil, Usagef("%v", err)
 	}
 	if err != nil {
-		return nil, usagef("cannot use %s: %s; check the DSN and that the server runs", t.src, oneLine(pgErrText(err)))
+		return nil, Usagef("cannot use %s: %s; check the DSN and that the server runs", t.src, oneLine(pgErrText(err)))
 	}
 	return st, nil
 }
@@ -153,7 +153,7 @@ func (t *target) connectQualified(ctx context.Context) (*sql.DB, error) {
 			return nil, t.unreachable(err)
 		}
 		if shared != "" {
-			return nil, usagef("--role %s through a connection pooler (%s): the role each connection starts with would stay on a server connection others share; drop --role or connect to PostgreSQL directly", t.role, shared)
+			return nil, Usagef("--role %s through a connection pooler (%s): the role each connection starts with would stay on a server connection others share; drop --role or connect to PostgreSQL directly", t.role, shared)
 		}
 	}
 	return t.connectWithPath(ctx, "")
@@ -195,7 +195,7 @@ func (t *target) checkTo(version int64, down bool) error {
 	if down {
 		allowed += ", or 0 to roll back everything"
 	}
-	return usagef("--to %d: version %d does not exist; give %s", version, version, allowed)
+	return Usagef("--to %d: version %d does not exist; give %s", version, version, allowed)
 }
 
 // checkMigrationsDir refuses to go on when goose.yaml names a migrations
@@ -209,7 +209,7 @@ func (t *target) checkMigrationsDir(command string) error {
 		return nil
 	}
 	if diff := differingMigration(dir, migrations.FS); diff != "" {
-		return usagef("goose.yaml's migrations_dir %s differs from the pack built into this harness (%s): harness %s uses the built-in pack only, as every command does; rebuild the harness (make build, or go run), or run it where goose.yaml does not name that directory",
+		return Usagef("goose.yaml's migrations_dir %s differs from the pack built into this harness (%s): harness %s uses the built-in pack only, as every command does; rebuild the harness (make build, or go run), or run it where goose.yaml does not name that directory",
 			t.cfg.MigrationsDir, diff, command)
 	}
 	return nil

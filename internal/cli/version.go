@@ -14,15 +14,15 @@ import (
 // built into it, the build's Go version and source revision, and whether
 // goose.yaml here names a migrations directory that differs from them
 // (migrate and sql then refuse: every command uses the built-in pack).
-func runVersion(_ context.Context, env *env, args []string) error {
-	fs := newFlags(env, "version")
+func runVersion(_ context.Context, env *Env, args []string) error {
+	fs := NewFlags(env, "version")
 	configPath := fs.String("config", "", "settings file (default ./goose.yaml when present)")
-	pos, err := parse(fs, args)
+	pos, err := Parse(fs, args)
 	if err != nil {
 		return err
 	}
 	if len(pos) != 0 {
-		return usagef("version takes no arguments, got %q", pos[0])
+		return Usagef("version takes no arguments, got %q", pos[0])
 	}
 	latest, ok := migrations.ByVersion(migrations.Latest())
 	if !ok {
@@ -48,7 +48,7 @@ func runVersion(_ context.Context, env *env, args []string) error {
 	}
 	cfg, err := config.Load(*configPath)
 	if err != nil {
-		return usagef("%v", err)
+		return Usagef("%v", err)
 	}
 	if dir := cfg.MigrationsFS(); dir != nil {
 		if diff := differingMigration(dir, migrations.FS); diff != "" {

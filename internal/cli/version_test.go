@@ -24,7 +24,7 @@ func TestVersionAndTheCommandsThatApplyMigrationsSeeADifferingDirectory(t *testi
 	config := filepath.Join(dir, "goose.yaml")
 	require.NoError(t, os.WriteFile(config, []byte("migrations_dir: sql\n"), 0o644))
 	code, out, errOut := run(t, "version", "--config", config)
-	require.Equal(t, exitOK, code, errOut)
+	require.Equal(t, ExitOK, code, errOut)
 	require.Contains(t, out, fmt.Sprintf("duroxide-pg-migrations pack %d (%s)\n", latest.Version, latest.File))
 	require.Contains(t, out, fmt.Sprintf("migrations sha256:%s (%d files, built in)\n", digest, files))
 	require.Contains(t, out, "built with go")
@@ -33,7 +33,7 @@ func TestVersionAndTheCommandsThatApplyMigrationsSeeADifferingDirectory(t *testi
 	// Edited since the build: migrate would apply the edited file.
 	require.NoError(t, os.WriteFile(filepath.Join(sqlDir, latest.File), []byte("-- edited\n"), 0o644))
 	code, out, errOut = run(t, "version", "--config", config)
-	require.Equal(t, exitOK, code, errOut)
+	require.Equal(t, ExitOK, code, errOut)
 	require.Contains(t, out, fmt.Sprintf("note: goose.yaml's migrations_dir sql is not the built-in pack (%s differs)", latest.File))
 
 	// migrate and sql refuse, before they connect, to run a pack other

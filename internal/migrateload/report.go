@@ -32,7 +32,7 @@ func WriteReport(dir, server string, reps []*Report) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
-	md := fmt.Sprintf("# `migrate up` under a writer's load\n\n%s; %s; `harness bench --scenarios migrate-load`. "+
+	md := fmt.Sprintf("# `migrate up` under a writer's load\n\n%s; %s; `harness-lab bench --scenarios migrate-load`. "+
 		"Each row: a schema in its start state with a backlog in orchestrator_queue, one writer calling enqueue_orchestrator_work at a steady rate, "+
 		"`migrate up` to the pack's latest in the middle of it. A write's latency counts from the moment it was due, so a write held up "+
 		"by the migration also delays the ones behind it and each counts its own wait.\n\n%s",

@@ -150,7 +150,7 @@ func WriteReport(dir, server, judged string, results []Result) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
-	md := fmt.Sprintf("# Queue reads, call after call: no generic-plan cliff\n\n%s; %s; `harness bench --scenarios plans`. "+
+	md := fmt.Sprintf("# Queue reads, call after call: no generic-plan cliff\n\n%s; %s; `harness-lab bench --scenarios plans`. "+
 		"Each row: a new schema in the side's state, the unneeded rows of the cell's kind (and 30 rows the call can take, but in the "+
 		"empty polls and the renewals), then ten calls on one new session, each in a transaction rolled back so that every call finds "+
 		"the same rows. PL/pgSQL plans a statement for its arguments on its first five calls in a session and may keep a generic plan "+

@@ -96,7 +96,7 @@ func oneLine(s string) string {
 
 // The markers of the generated section in a document.
 const (
-	BeginMarker = "<!-- realfaults report: begin (harness soak --runtime --each --doc writes it) -->"
+	BeginMarker = "<!-- realfaults report: begin (harness-lab soak --runtime --each --doc writes it) -->"
 	EndMarker   = "<!-- realfaults report: end -->"
 )
 

@@ -1,5 +1,7 @@
-// Command harness runs the pack's migrations, throwaway databases and
-// repros. Run `harness help` for the commands.
+// Command harness is the operator command: migrate, baseline, sql, doctor
+// and version, against the database it is given. Run `harness help` for
+// the commands. It links no test code and no throwaway-server backend; the
+// repros, benches, soaks and throwaway databases are harness-lab's.
 package main
 
 import (

@@ -154,7 +154,7 @@ type Config struct {
 	PollInterval time.Duration `json:"-"`
 }
 
-// Defaults is the full benchmark (`harness bench`): 3 rounds of 2.5 s per
+// Defaults is the full benchmark (`harness-lab bench`): 3 rounds of 2.5 s per
 // cell, every scenario as the issues set it. On the 2-core development
 // machine the whole run takes about 9 minutes, 5 of them the scale
 // scenario (seeding 100k blocked messages and 100k completed instances

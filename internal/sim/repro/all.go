@@ -14,7 +14,7 @@ import (
 	"github.com/duroxide-pg/migrations/internal/testenv/upstream"
 )
 
-// Kinds are the repros, in the order `harness repro all` runs them and
+// Kinds are the repros, in the order `harness-lab repro all` runs them and
 // their report shows them.
 func Kinds() []string { return []string{"minimal", "organic", "worker-minimal", "worker", "runtime"} }
 
@@ -74,7 +74,7 @@ func PrintWorker(w io.Writer, res WorkerResult) error {
 
 // Report is what a run of several repros gave: the results of those that
 // ran and their verdicts, by kind ("worker-minimal" as "worker_minimal").
-// It serialises to stable snake_case JSON (`harness repro --json`).
+// It serialises to stable snake_case JSON (`harness-lab repro --json`).
 type Report struct {
 	Minimal       []MinimalResult       `json:"minimal,omitempty"`
 	Organic       *OrganicResult        `json:"organic,omitempty"`

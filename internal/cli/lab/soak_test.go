@@ -1,4 +1,4 @@
-package cli
+package lab
 
 import (
 	"encoding/json"
@@ -9,6 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/duroxide-pg/migrations/internal/cli"
 	"github.com/duroxide-pg/migrations/internal/realfaults"
 	"github.com/duroxide-pg/migrations/internal/testenv/upstream"
 )
@@ -29,9 +30,9 @@ func TestSoakUsageErrors(t *testing.T) {
 		{"--runtime", "--duration", "0s"},
 		{"--runtime", "extra"},
 	} {
-		code, _, errOut := runCmd(t, runSoak, args...)
-		require.Equal(t, ExitUsage, code, "%v: %s", args, errOut)
-		require.Contains(t, errOut, "harness: ", args)
+		code, _, errOut := run(t, append([]string{"soak"}, args...)...)
+		require.Equal(t, cli.ExitUsage, code, "%v: %s", args, errOut)
+		require.Contains(t, errOut, "harness-lab: ", args)
 	}
 }
 
@@ -40,8 +41,8 @@ func TestSoakUsageErrors(t *testing.T) {
 func TestSoakShort(t *testing.T) {
 	t.Parallel()
 	out := filepath.Join(t.TempDir(), "soak.json")
-	code, stdout, stderr := runCmd(t, runSoak, "--duration", "3s", "--round", "3s", "--no-restart", "--seed", "7", "--json", out)
-	require.Equal(t, exitOK, code, "stdout:\n%s\nstderr:\n%s", stdout, stderr)
+	code, stdout, stderr := run(t, "soak", "--duration", "3s", "--round", "3s", "--no-restart", "--seed", "7", "--json", out)
+	require.Equal(t, cli.ExitOK, code, "stdout:\n%s\nstderr:\n%s", stdout, stderr)
 	for _, want := range []string{"fetches returning a lease", "faults injected", "invariants checked", "violations", "verdict: every invariant held"} {
 		require.Contains(t, stdout, want)
 	}
@@ -62,8 +63,8 @@ func TestSoakRuntimeShort(t *testing.T) {
 	upstream.Require(t)
 	doc := filepath.Join(t.TempDir(), "doc.md")
 	require.NoError(t, os.WriteFile(doc, []byte("before\n"+realfaults.BeginMarker+"\nold\n"+realfaults.EndMarker+"\nafter\n"), 0o644))
-	code, stdout, stderr := runCmd(t, runSoak, "--runtime", "--duration", "1s", "--orchestrations", "30", "--seed", "3", "--doc", doc)
-	require.Equal(t, exitOK, code, "stdout:\n%s\nstderr:\n%s", stdout, stderr)
+	code, stdout, stderr := run(t, "soak", "--runtime", "--duration", "1s", "--orchestrations", "30", "--seed", "3", "--doc", doc)
+	require.Equal(t, cli.ExitOK, code, "stdout:\n%s\nstderr:\n%s", stdout, stderr)
 	t.Log("\n" + stdout)
 	require.Contains(t, stdout, "| scenario | faults injected | side |")
 	require.Contains(t, stdout, "verdict: on the pack's side nothing was lost")

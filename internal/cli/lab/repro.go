@@ -1,4 +1,4 @@
-package cli
+package lab
 
 import (
 	"context"
@@ -11,6 +11,7 @@ import (
 
 	migrations "github.com/duroxide-pg/migrations"
 	"github.com/duroxide-pg/migrations/harness/ops/migrate"
+	"github.com/duroxide-pg/migrations/internal/cli"
 	"github.com/duroxide-pg/migrations/internal/dbconn"
 	"github.com/duroxide-pg/migrations/internal/sim/repro"
 	"github.com/duroxide-pg/migrations/internal/testenv/pgtest"
@@ -27,7 +28,7 @@ type reproSetup struct {
 
 // setupRepro starts (or borrows, with dsn) a server, creates a database and
 // migrates schema duroxide_v<N> to N for every version.
-func setupRepro(ctx context.Context, env *env, dsn string, versions []int64) (*reproSetup, error) {
+func setupRepro(ctx context.Context, env *cli.Env, dsn string, versions []int64) (*reproSetup, error) {
 	srv, err := obtainServer(ctx, dsn)
 	if err != nil {
 		return nil, err
@@ -52,9 +53,9 @@ func setupRepro(ctx context.Context, env *env, dsn string, versions []int64) (*r
 		s.schemas[v] = schema
 	}
 	if len(s.schemas) > 0 {
-		fmt.Fprintf(env.Stderr, "harness: %s database, schemas %v\n", srv.Backend(), s.schemas)
+		fmt.Fprintf(env.Stderr, "harness-lab: %s database, schemas %v\n", srv.Backend(), s.schemas)
 	} else {
-		fmt.Fprintf(env.Stderr, "harness: %s database %s\n", srv.Backend(), name)
+		fmt.Fprintf(env.Stderr, "harness-lab: %s database %s\n", srv.Backend(), name)
 	}
 	return s, nil
 }
@@ -62,13 +63,13 @@ func setupRepro(ctx context.Context, env *env, dsn string, versions []int64) (*r
 func (s *reproSetup) close() { _ = s.srv.Close(context.Background()) }
 
 // reproUsage is the repro command's synopsis.
-const reproUsage = "usage: harness repro [minimal|organic|worker-minimal|worker|runtime|all] [--sides upstream,candidate,pack] [--form held-key|pool|all] [--worker-versions BUG,FIX] [--json FILE] [--report DIR] [--dsn DSN]"
+const reproUsage = "usage: harness-lab repro [minimal|organic|worker-minimal|worker|runtime|all] [--sides upstream,candidate,pack] [--form held-key|pool|all] [--worker-versions BUG,FIX] [--json FILE] [--report DIR] [--dsn DSN]"
 
 // reproKinds are the repros, in the order `all` runs them.
 func reproKinds() []string { return repro.Kinds() }
 
-func runRepro(ctx context.Context, env *env, args []string) error {
-	fs := newFlags(env, "repro")
+func runRepro(ctx context.Context, env *cli.Env, args []string) error {
+	fs := cli.NewFlags(env, "repro")
 	dsn := fs.String("dsn", "", "use this existing server (a database is created and dropped) instead of a throwaway one")
 	sidesFlag := fs.String("sides", strings.Join(repro.Sides(), ","), fmt.Sprintf("minimal, organic, runtime: the schemas to compare, among %s (upstream's latest as its runner makes it; upstream's candidate fix, port; the pack's latest; the candidate with the amendment offered upstream); upstream and pack are required",
 		strings.Join([]string{repro.SideUpstream, repro.SideCandidate, repro.SidePack, repro.SideAmended}, ", ")))
@@ -101,13 +102,13 @@ func runRepro(ctx context.Context, env *env, args []string) error {
 	poolHold := fs.Duration("pool-hold", pdef.Hold, fmt.Sprintf("runtime pool form: how long another session holds worker_queue's table lock each time (above the runtime's %v lock timeout, below the pool's %v acquire timeout)", repro.RuntimeLockTimeout, repro.PoolAcquireTimeout))
 	poolHolds := fs.Int("pool-holds", pdef.Holds, "runtime pool form: how many times it holds the lock")
 	poolOrchestrations := fs.Int("pool-orchestrations", pdef.Orchestrations, "runtime pool form: the backlog of orchestrations, each waiting for an event raised at once")
-	pos, err := parse(fs, args)
+	pos, err := cli.Parse(fs, args)
 	if err != nil {
 		return err
 	}
 	which := "all"
 	if len(pos) > 1 {
-		return usagef("%s", reproUsage)
+		return cli.Usagef("%s", reproUsage)
 	}
 	if len(pos) == 1 {
 		which = pos[0]
@@ -117,21 +118,21 @@ func runRepro(ctx context.Context, env *env, args []string) error {
 		runs[k] = which == k || which == "all"
 	}
 	if which != "all" && !runs[which] {
-		return usagef("unknown repro %q: use minimal, organic, worker-minimal, worker, runtime or all", which)
+		return cli.Usagef("unknown repro %q: use minimal, organic, worker-minimal, worker, runtime or all", which)
 	}
 	if !slices.Contains(runtimeForms(), *form) {
-		return usagef("--form %q: use %s", *form, strings.Join(runtimeForms(), ", "))
+		return cli.Usagef("--form %q: use %s", *form, strings.Join(runtimeForms(), ", "))
 	}
 	runs["runtime-held-key"] = runs["runtime"] && (*form == runtimeFormHeldKey || *form == runtimeFormAll)
 	runs["runtime-pool"] = runs["runtime"] && (*form == runtimeFormPool || *form == runtimeFormAll)
 	runtimeCfg := repro.RuntimeConfig{Hold: *runtimeHold, Holds: *runtimeHolds}
 	if err := runtimeCfg.Validate(); err != nil {
-		return usagef("%v", err)
+		return cli.Usagef("%v", err)
 	}
 	poolCfg := pdef
 	poolCfg.Hold, poolCfg.Holds, poolCfg.Orchestrations = *poolHold, *poolHolds, *poolOrchestrations
 	if err := poolCfg.Validate(); err != nil {
-		return usagef("%v", err)
+		return cli.Usagef("%v", err)
 	}
 	sides, err := parseSides(*sidesFlag)
 	if err != nil {
@@ -150,10 +151,10 @@ func runRepro(ctx context.Context, env *env, args []string) error {
 		return err
 	}
 	if *workerRuntimes < 1 || *workerSlots < 1 || *workerDuration <= 0 || *workerLockTimeout < 0 || *workerLockTimeout%time.Second != 0 {
-		return usagef("worker settings out of range: worker-runtimes, worker-slots >= 1; worker-duration > 0; worker-lock-timeout 0 or whole seconds")
+		return cli.Usagef("worker settings out of range: worker-runtimes, worker-slots >= 1; worker-duration > 0; worker-lock-timeout 0 or whole seconds")
 	}
 	if runs["worker"] && (*workerVersionsFlag != workerPair) {
-		return usagef("the worker repro compares versions %d and %d only; drop --worker-versions or use `repro worker-minimal`", wbug, wfix)
+		return cli.Usagef("the worker repro compares versions %d and %d only; drop --worker-versions or use `repro worker-minimal`", wbug, wfix)
 	}
 	workerCfg := wdef
 	workerCfg.Runtimes, workerCfg.Slots, workerCfg.Duration = *workerRuntimes, *workerSlots, *workerDuration
@@ -167,10 +168,10 @@ func runRepro(ctx context.Context, env *env, args []string) error {
 		organicCfg.LockTimeout, organicCfg.CalibrateLockTimeout = *lockTimeout, false
 	}
 	if *dispatchers < 1 || *instances < 1 || *history < 0 || *eventBytes < 1 || *lockTimeout < 0 || *poll <= 0 || *turn < 0 || *duration <= 0 || *skew < 0 {
-		return usagef("organic settings out of range: dispatchers, instances, event-bytes >= 1; poll, duration > 0; history, lock-timeout, turn, skew >= 0")
+		return cli.Usagef("organic settings out of range: dispatchers, instances, event-bytes >= 1; poll, duration > 0; history, lock-timeout, turn, skew >= 0")
 	}
 	if *bouncer != "" && !slices.Contains(pgtest.PoolModes(), *bouncer) {
-		return usagef("--pgbouncer %q: use a pool mode, one of %s", *bouncer, strings.Join(pgtest.PoolModes(), ", "))
+		return cli.Usagef("--pgbouncer %q: use a pool mode, one of %s", *bouncer, strings.Join(pgtest.PoolModes(), ", "))
 	}
 
 	// Schemas duroxide_vN for the worker's minimal repro; the others make
@@ -185,7 +186,7 @@ func runRepro(ctx context.Context, env *env, args []string) error {
 	}
 	defer setup.close()
 
-	progress := func(line string) { fmt.Fprintln(env.Stderr, "harness: "+line) }
+	progress := func(line string) { fmt.Fprintln(env.Stderr, "harness-lab: "+line) }
 	report := repro.Report{Verdict: map[string]bool{}}
 	steps := []struct {
 		kind string
@@ -245,7 +246,7 @@ func runRepro(ctx context.Context, env *env, args []string) error {
 		if err := report.Write(*reportDir); err != nil {
 			return err
 		}
-		fmt.Fprintf(env.Stderr, "harness: report written to %s\n", filepath.Join(*reportDir, repro.ReportFile))
+		fmt.Fprintf(env.Stderr, "harness-lab: report written to %s\n", filepath.Join(*reportDir, repro.ReportFile))
 	}
 	if *jsonFile != "" {
 		if err := report.WriteJSON(*jsonFile); err != nil {
@@ -253,7 +254,7 @@ func runRepro(ctx context.Context, env *env, args []string) error {
 		}
 	}
 	if !report.OK() {
-		return failure{"the repro did not show what it should (see the verdicts above)"}
+		return cli.Failure{Msg: "the repro did not show what it should (see the verdicts above)"}
 	}
 	return nil
 }
@@ -288,7 +289,7 @@ func printed(err error, print func() error) error {
 
 // runOrganic runs the organic repro in the repro database, its dispatchers
 // connecting through a PgBouncer in bouncerMode when that is not empty.
-func runOrganic(ctx context.Context, setup *reproSetup, p *upstream.Provider, cfg repro.OrganicConfig, sides []string, bouncerMode string, env *env, progress func(string)) (repro.OrganicResult, error) {
+func runOrganic(ctx context.Context, setup *reproSetup, p *upstream.Provider, cfg repro.OrganicConfig, sides []string, bouncerMode string, env *cli.Env, progress func(string)) (repro.OrganicResult, error) {
 	if bouncerMode != "" {
 		b, err := pgtest.StartPgBouncer(ctx, setup.srv, bouncerMode)
 		if err != nil {
@@ -300,7 +301,7 @@ func runOrganic(ctx context.Context, setup *reproSetup, p *upstream.Provider, cf
 			return repro.OrganicResult{}, fmt.Errorf("organic repro: %w", err)
 		}
 		cfg.Via = via
-		fmt.Fprintf(env.Stderr, "harness: the dispatchers connect through pgbouncer (%s pooling)\n", bouncerMode)
+		fmt.Fprintf(env.Stderr, "harness-lab: the dispatchers connect through pgbouncer (%s pooling)\n", bouncerMode)
 	}
 	return repro.OrganicRepro(ctx, setup.db, p, cfg, sides, progress)
 }
@@ -313,12 +314,12 @@ func parseSides(s string) ([]string, error) {
 	for _, f := range strings.Split(s, ",") {
 		f = strings.TrimSpace(f)
 		if !slices.Contains(known, f) || slices.Contains(out, f) {
-			return nil, usagef("--sides %q: give each of %s at most once", s, strings.Join(known, ", "))
+			return nil, cli.Usagef("--sides %q: give each of %s at most once", s, strings.Join(known, ", "))
 		}
 		out = append(out, f)
 	}
 	if !slices.Contains(out, repro.SideUpstream) || !slices.Contains(out, repro.SidePack) {
-		return nil, usagef("--sides %q: the verdicts compare upstream's side with the pack's; give both", s)
+		return nil, cli.Usagef("--sides %q: the verdicts compare upstream's side with the pack's; give both", s)
 	}
 	return out, nil
 }
@@ -328,12 +329,12 @@ func parseVersions(s string) ([]int64, error) {
 	for _, f := range strings.Split(s, ",") {
 		v, err := strconv.ParseInt(strings.TrimSpace(f), 10, 64)
 		if err != nil || v < 1 || v > migrations.Latest() {
-			return nil, usagef("--worker-versions %q: give two schema versions between 1 and %d (the pack's latest)", s, migrations.Latest())
+			return nil, cli.Usagef("--worker-versions %q: give two schema versions between 1 and %d (the pack's latest)", s, migrations.Latest())
 		}
 		out = append(out, v)
 	}
 	if len(out) != 2 {
-		return nil, usagef("--worker-versions %q: give exactly two versions, the buggy one then the fixed one", s)
+		return nil, cli.Usagef("--worker-versions %q: give exactly two versions, the buggy one then the fixed one", s)
 	}
 	return out, nil
 }

@@ -1,4 +1,4 @@
-package cli
+package lab
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 	"time"
 
 	migrations "github.com/duroxide-pg/migrations"
+	"github.com/duroxide-pg/migrations/internal/cli"
 	"github.com/duroxide-pg/migrations/internal/sim/faults"
 	"github.com/duroxide-pg/migrations/internal/sim/invariant"
 	"github.com/duroxide-pg/migrations/internal/testenv/pgtest"
@@ -23,8 +24,8 @@ type soakSummary struct {
 	RestartsNote string `json:"restarts_note,omitempty"`
 }
 
-func runSoak(ctx context.Context, env *env, args []string) error {
-	fs := newFlags(env, "soak")
+func runSoak(ctx context.Context, env *cli.Env, args []string) error {
+	fs := cli.NewFlags(env, "soak")
 	duration := fs.Duration("duration", 5*time.Minute, "how long to soak")
 	round := fs.Duration("round", 20*time.Second, "length of one round (each round draws new parameters and reseeds)")
 	dsn := fs.String("dsn", "", "use this existing server (a database is created and dropped) instead of a throwaway one")
@@ -36,20 +37,20 @@ func runSoak(ctx context.Context, env *env, args []string) error {
 	each := fs.Bool("each", false, "with --runtime: run every scenario once (the clock cells too) instead of mixed rounds for --duration")
 	orchestrations := fs.Int("orchestrations", 300, "with --runtime: orchestrations per side and round")
 	doc := fs.String("doc", "", "with --runtime: write the table into this document's marked section (docs/RELIABILITY.md)")
-	pos, err := parse(fs, args)
+	pos, err := cli.Parse(fs, args)
 	if err != nil {
 		return err
 	}
 	if *realRuntime {
 		switch {
 		case len(pos) > 0:
-			return usagef("soak takes no arguments, got %q (run `harness soak -h`)", pos[0])
+			return cli.Usagef("soak takes no arguments, got %q (run `harness-lab soak -h`)", pos[0])
 		case *duration <= 0:
-			return usagef("--duration must be positive, e.g. --duration 5m")
+			return cli.Usagef("--duration must be positive, e.g. --duration 5m")
 		case *orchestrations < 1 || *orchestrations > 10000:
-			return usagef("--orchestrations %d: use 1..10000", *orchestrations)
+			return cli.Usagef("--orchestrations %d: use 1..10000", *orchestrations)
 		case *version != 0:
-			return usagef("--version: soak --runtime runs the pack's latest against upstream's schema")
+			return cli.Usagef("--version: soak --runtime runs the pack's latest against upstream's schema")
 		}
 		if *seed == 0 {
 			*seed = uint64(time.Now().UnixNano())
@@ -58,20 +59,20 @@ func runSoak(ctx context.Context, env *env, args []string) error {
 			each: *each, doc: *doc, seed: *seed})
 	}
 	if *each || *doc != "" {
-		return usagef("--each and --doc go with --runtime")
+		return cli.Usagef("--each and --doc go with --runtime")
 	}
 	latest, oldest := migrations.Latest(), faults.OldestVersion()
 	switch {
 	case len(pos) > 0:
-		return usagef("soak takes no arguments, got %q (run `harness soak -h`)", pos[0])
+		return cli.Usagef("soak takes no arguments, got %q (run `harness-lab soak -h`)", pos[0])
 	case *duration <= 0:
-		return usagef("--duration must be positive, e.g. --duration 5m")
+		return cli.Usagef("--duration must be positive, e.g. --duration 5m")
 	case *round < time.Second:
-		return usagef("--round must be at least 1s, e.g. --round 20s")
+		return cli.Usagef("--round must be at least 1s, e.g. --round 20s")
 	case *version < 0 || *version > latest:
-		return usagef("--version %d: the pack has 1..%d", *version, latest)
+		return cli.Usagef("--version %d: the pack has 1..%d", *version, latest)
 	case *version != 0 && *version < oldest:
-		return usagef("--version %d: the simulated dispatchers run on version %d's functions and later; use %d..%d", *version, oldest, oldest, latest)
+		return cli.Usagef("--version %d: the simulated dispatchers run on version %d's functions and later; use %d..%d", *version, oldest, oldest, latest)
 	}
 	if *version == 0 {
 		*version = latest
@@ -106,7 +107,7 @@ func runSoak(ctx context.Context, env *env, args []string) error {
 	default:
 		opts.Restart = srv.Restart
 	}
-	fmt.Fprintf(env.Stderr, "harness: soak of version %d for %v (%s backend, rounds of %v, seed %d)\n", *version, *duration, srv.Backend(), *round, *seed)
+	fmt.Fprintf(env.Stderr, "harness-lab: soak of version %d for %v (%s backend, rounds of %v, seed %d)\n", *version, *duration, srv.Backend(), *round, *seed)
 	soaked, err := faults.Soak(ctx, db, opts)
 	if err != nil {
 		return err
@@ -148,10 +149,10 @@ func runSoak(ctx context.Context, env *env, args []string) error {
 		}
 	}
 	if sum.Violations > 0 {
-		return failure{fmt.Sprintf("soak: %d invariant violation(s) at version %d", sum.Violations, sum.Version)}
+		return cli.Failure{Msg: fmt.Sprintf("soak: %d invariant violation(s) at version %d", sum.Violations, sum.Version)}
 	}
 	if sum.Fetches == 0 {
-		return failure{"soak: no fetch returned a lease; nothing was checked"}
+		return cli.Failure{Msg: "soak: no fetch returned a lease; nothing was checked"}
 	}
 	fmt.Fprintln(env.Stdout, "\nverdict: every invariant held")
 	return nil

@@ -1,4 +1,4 @@
-package cli
+package lab
 
 import (
 	"fmt"
@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	migrations "github.com/duroxide-pg/migrations"
+	"github.com/duroxide-pg/migrations/internal/cli"
 	"github.com/duroxide-pg/migrations/internal/sim/repro"
 )
 
@@ -31,7 +32,7 @@ func TestWorkerReproUsageErrors(t *testing.T) {
 	} {
 		t.Run(strings.Join(tc.args[1:], " "), func(t *testing.T) {
 			code, out, errOut := run(t, tc.args...)
-			require.Equal(t, ExitUsage, code, "stdout: %s", out)
+			require.Equal(t, cli.ExitUsage, code, "stdout: %s", out)
 			require.Contains(t, errOut, tc.want)
 			require.Equal(t, 1, strings.Count(errOut, "\n"), "one line: %q", errOut)
 		})
@@ -40,7 +41,7 @@ func TestWorkerReproUsageErrors(t *testing.T) {
 
 func TestReproHelpListsTheWorkerFlags(t *testing.T) {
 	code, out, _ := run(t, "repro", "-h")
-	require.Equal(t, exitOK, code)
+	require.Equal(t, cli.ExitOK, code)
 	for _, f := range []string{"-worker-versions", "-worker-runtimes", "-worker-slots", "-worker-duration", "-worker-lock-timeout"} {
 		require.Contains(t, out, f)
 	}

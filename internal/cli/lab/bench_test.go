@@ -1,4 +1,4 @@
-package cli
+package lab
 
 import (
 	"bytes"
@@ -16,6 +16,7 @@ import (
 
 	migrations "github.com/duroxide-pg/migrations"
 	"github.com/duroxide-pg/migrations/internal/callcost"
+	"github.com/duroxide-pg/migrations/internal/cli"
 	"github.com/duroxide-pg/migrations/internal/dbconn"
 	"github.com/duroxide-pg/migrations/internal/migrateload"
 	"github.com/duroxide-pg/migrations/internal/planshape"
@@ -44,16 +45,15 @@ func TestBenchUsageErrors(t *testing.T) {
 		{"--scenarios", "migrate-load", "--migrate-load-instances", "0"},
 	} {
 		var out, errOut bytes.Buffer
-		env := &env{Stdout: &out, Stderr: &errOut}
-		code := report(env, runBench(context.Background(), env, args))
-		require.Equal(t, ExitUsage, code, "%v", args)
+		code := Run(context.Background(), append([]string{"bench"}, args...), &out, &errOut)
+		require.Equal(t, cli.ExitUsage, code, "%v", args)
 		require.Equal(t, 1, strings.Count(errOut.String(), "\n"), "one line for %v: %q", args, errOut.String())
 	}
 }
 
 func TestBenchHelp(t *testing.T) {
 	var out bytes.Buffer
-	env := &env{Stdout: &out, Stderr: &out}
+	env := &cli.Env{Program: "harness-lab", Stdout: &out, Stderr: &out}
 	err := runBench(context.Background(), env, []string{"-h"})
 	require.True(t, errors.Is(err, flag.ErrHelp))
 	require.Contains(t, out.String(), "-rounds")
@@ -92,9 +92,9 @@ func TestBenchProgressLine(t *testing.T) {
 
 func TestBenchScaleAtTinySizesPrintsTheScaleTableAndTargets(t *testing.T) {
 	dir := t.TempDir()
-	code, stdout, stderr := runCmd(t, runBench, "--scenarios", "scale", "--scale-blocked", "10,100", "--scale-completed", "0,20",
+	code, stdout, stderr := run(t, "bench", "--scenarios", "scale", "--scale-blocked", "10,100", "--scale-completed", "0,20",
 		"--scale-calls", "7", "--scale-idle-dispatchers", "2", "--scale-idle-duration", "200ms", "--report", dir)
-	require.Equal(t, exitOK, code, "stdout:\n%s\nstderr:\n%s", stdout, stderr)
+	require.Equal(t, cli.ExitOK, code, "stdout:\n%s\nstderr:\n%s", stdout, stderr)
 	before, after := bench.ScaleVersions()
 	for _, want := range []string{fmt.Sprintf("before (schema %d, before the first fetch fix) and after (schema %d, the pack's latest)", before, after),
 		"spread K=100", "fan_in K=10", "idle N=2 K=100", "completed C=20", "one-row fetch, steady", "server CPU per second",
@@ -113,9 +113,9 @@ func TestBenchScaleAtTinySizesPrintsTheScaleTableAndTargets(t *testing.T) {
 func TestBenchMigrateLoadAtATinySize(t *testing.T) {
 	upstream.Require(t)
 	dir := t.TempDir()
-	code, stdout, stderr := runCmd(t, runBench, "--scenarios", "migrate-load", "--migrate-load-messages", "2000",
+	code, stdout, stderr := run(t, "bench", "--scenarios", "migrate-load", "--migrate-load-messages", "2000",
 		"--migrate-load-instances", "200", "--migrate-load-rate", "50", "--report", dir)
-	require.Equal(t, exitOK, code, "stdout:\n%s\nstderr:\n%s", stdout, stderr)
+	require.Equal(t, cli.ExitOK, code, "stdout:\n%s\nstderr:\n%s", stdout, stderr)
 	starts, err := migrateload.Starts(func(context.Context, *dbconn.Source, string) error { return nil })
 	require.NoError(t, err)
 	for _, s := range starts {
@@ -131,8 +131,8 @@ func TestBenchMigrateLoadAtATinySize(t *testing.T) {
 func TestBenchPlansAtATinySize(t *testing.T) {
 	upstream.Require(t)
 	dir := t.TempDir()
-	code, stdout, stderr := runCmd(t, runBench, "--scenarios", "plans", "--plans-rows", "500", "--report", dir)
-	require.Equal(t, exitOK, code, "stdout:\n%s\nstderr:\n%s", stdout, stderr)
+	code, stdout, stderr := run(t, "bench", "--scenarios", "plans", "--plans-rows", "500", "--report", dir)
+	require.Equal(t, cli.ExitOK, code, "stdout:\n%s\nstderr:\n%s", stdout, stderr)
 	latest := fmt.Sprintf("pack %04d", migrations.Latest())
 	for _, c := range planshape.Cells(orch.RuntimeFilter()) {
 		require.Contains(t, stdout, fmt.Sprintf("| %s (500) | upstream 1..21 and 23 |", c.Name))
@@ -145,16 +145,16 @@ func TestBenchPlansAtATinySize(t *testing.T) {
 	require.FileExists(t, filepath.Join(dir, planshape.JSONFile))
 	require.NoFileExists(t, filepath.Join(dir, bench.ReportFile), "only plans ran")
 
-	code, _, stderr = runCmd(t, runBench, "--scenarios", "plans", "--plans-rows", "0")
-	require.Equal(t, ExitUsage, code)
+	code, _, stderr = run(t, "bench", "--scenarios", "plans", "--plans-rows", "0")
+	require.Equal(t, cli.ExitUsage, code)
 	require.Contains(t, stderr, "--plans-rows 0")
 }
 
 func TestBenchCallsAtATinySize(t *testing.T) {
 	upstream.Require(t)
 	dir := t.TempDir()
-	code, stdout, stderr := runCmd(t, runBench, "--scenarios", "calls", "--calls-count", "20", "--report", dir)
-	require.Equal(t, exitOK, code, "stdout:\n%s\nstderr:\n%s", stdout, stderr)
+	code, stdout, stderr := run(t, "bench", "--scenarios", "calls", "--calls-count", "20", "--report", dir)
+	require.Equal(t, cli.ExitOK, code, "stdout:\n%s\nstderr:\n%s", stdout, stderr)
 	latest := fmt.Sprintf("pack %04d", migrations.Latest())
 	for _, c := range callcost.Cells(0, 0) {
 		for _, side := range []string{"upstream 1..21 and 23", latest, latest + ", no SET search_path", latest + ", no head upkeep"} {
@@ -170,7 +170,7 @@ func TestBenchCallsAtATinySize(t *testing.T) {
 	require.FileExists(t, filepath.Join(dir, callcost.JSONFile))
 	require.NoFileExists(t, filepath.Join(dir, bench.ReportFile), "only calls ran")
 
-	code, _, stderr = runCmd(t, runBench, "--scenarios", "calls", "--calls-count", "0")
-	require.Equal(t, ExitUsage, code)
+	code, _, stderr = run(t, "bench", "--scenarios", "calls", "--calls-count", "0")
+	require.Equal(t, cli.ExitUsage, code)
 	require.Contains(t, stderr, "--calls-count 0")
 }

@@ -1,4 +1,4 @@
-package cli
+package lab
 
 import (
 	"context"
@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"time"
 
+	"github.com/duroxide-pg/migrations/internal/cli"
 	"github.com/duroxide-pg/migrations/internal/dbconn"
 	"github.com/duroxide-pg/migrations/internal/realfaults"
 	"github.com/duroxide-pg/migrations/internal/testenv/pgtest"
@@ -86,10 +87,10 @@ func runtimeScenarios() (mixed, clocks []runtimeScenario) {
 
 // runRuntimeSoak runs the real runtime's fault scenarios: mixed rounds for
 // the duration, or every scenario once with each.
-func runRuntimeSoak(ctx context.Context, env *env, o runtimeSoak) error {
+func runRuntimeSoak(ctx context.Context, env *cli.Env, o runtimeSoak) error {
 	provider, err := upstream.Find()
 	if err != nil {
-		return usagef("soak --runtime runs the real duroxide runtime: %v (make upstream installs it)", err)
+		return cli.Usagef("soak --runtime runs the real duroxide runtime: %v (make upstream installs it)", err)
 	}
 	srv, err := obtainServer(ctx, o.dsn)
 	if err != nil {
@@ -100,7 +101,7 @@ func runRuntimeSoak(ctx context.Context, env *env, o runtimeSoak) error {
 	bouncer, err := pgtest.StartPgBouncer(ctx, srv, "session")
 	switch {
 	case errors.Is(err, pgtest.ErrUnavailable):
-		fmt.Fprintf(env.Stderr, "harness: no PgBouncer scenario: %v\n", err)
+		fmt.Fprintf(env.Stderr, "harness-lab: no PgBouncer scenario: %v\n", err)
 	case err != nil:
 		return err
 	default:
@@ -133,7 +134,7 @@ func runRuntimeSoak(ctx context.Context, env *env, o runtimeSoak) error {
 			if why := sc.needs(lab); why != "" {
 				fmt.Fprintf(env.Stderr, "round %d: %s left out: %s\n", n, sc.name, why)
 				if !o.each && !anyRunnable(mixed, lab) {
-					return usagef("soak --runtime: no scenario can run here")
+					return cli.Usagef("soak --runtime: no scenario can run here")
 				}
 				continue
 			}
@@ -178,7 +179,7 @@ func runRuntimeSoak(ctx context.Context, env *env, o runtimeSoak) error {
 		fmt.Fprintf(env.Stdout, "\n%s", bulkText)
 	}
 	if o.doc != "" {
-		body := fmt.Sprintf("%d orchestrations per side and scenario; %s; `harness soak --runtime --each`.\n\n%s\nThe runtime's WARN and ERROR lines over every scenario, by kind:\n\n%s\n%s",
+		body := fmt.Sprintf("%d orchestrations per side and scenario; %s; `harness-lab soak --runtime --each`.\n\n%s\nThe runtime's WARN and ERROR lines over every scenario, by kind:\n\n%s\n%s",
 			o.orchestrations, time.Now().UTC().Format("2006-01-02"), table, realfaults.LogKinds(rows), bulkText)
 		if err := realfaults.ReplaceSection(o.doc, body); err != nil {
 			return err
@@ -188,9 +189,9 @@ func runRuntimeSoak(ctx context.Context, env *env, o runtimeSoak) error {
 		fmt.Fprintf(env.Stdout, "problem: %s\n", p)
 	}
 	if len(problems) > 0 {
-		return failure{fmt.Sprintf("soak --runtime: %d problem(s) on the pack's side", len(problems))}
+		return cli.Failure{Msg: fmt.Sprintf("soak --runtime: %d problem(s) on the pack's side", len(problems))}
 	}
-	fmt.Fprintln(env.Stdout, "\nverdict: on the pack's side nothing was lost, doubled or wrong, and nothing failed outside the runtime's own failure class")
+	fmt.Fprintln(env.Stdout, "\nverdict: on the pack's side nothing was lost, doubled or wrong, and nothing failed outside the runtime's own Failure class")
 	return nil
 }
 
@@ -239,7 +240,7 @@ func runRuntimeRound(ctx context.Context, lab *runtimeLab, sc runtimeScenario, o
 // server of their own started at PostgreSQL's default lock capacity; with
 // an existing server (--dsn), whose settings it cannot choose, it runs
 // nothing and says why.
-func runBulkAtDefaults(ctx context.Context, env *env, p *upstream.Provider, dsn string) (*realfaults.BulkReport, string, error) {
+func runBulkAtDefaults(ctx context.Context, env *cli.Env, p *upstream.Provider, dsn string) (*realfaults.BulkReport, string, error) {
 	opts := pgtest.OptionsFromEnv()
 	if dsn != "" || opts.Backend == pgtest.DSN || (opts.Backend == "" && opts.DSN != "") {
 		return nil, "needs a server started at PostgreSQL's default lock capacity; --dsn names an existing one", nil

@@ -1,4 +1,4 @@
-package cli
+package lab
 
 import (
 	"context"
@@ -13,6 +13,7 @@ import (
 	migrations "github.com/duroxide-pg/migrations"
 	"github.com/duroxide-pg/migrations/harness/ops/migrate"
 	"github.com/duroxide-pg/migrations/internal/callcost"
+	"github.com/duroxide-pg/migrations/internal/cli"
 	"github.com/duroxide-pg/migrations/internal/dbconn"
 	"github.com/duroxide-pg/migrations/internal/migrateload"
 	"github.com/duroxide-pg/migrations/internal/planshape"
@@ -23,17 +24,17 @@ import (
 )
 
 // benchSummary is the line of `harness help` for the bench command (the
-// versions compared are in `harness bench -h`, read from the pack).
+// versions compared are in `harness-lab bench -h`, read from the pack).
 const benchSummary = "speed before and after the pack's fixes, side by side in one run: bench [--rounds 3] [--duration 2.5s] [--scenarios backlog,hot,queue-only,migrate,worker,scale,runtime,migrate-load,plans,calls] [--scale-blocked 1000,10000,100000] [--json FILE] [--report DIR] [--dsn DSN]"
 
-// runBench is `harness bench`: every scenario of package bench, rounds
+// runBench is `harness-lab bench`: every scenario of package bench, rounds
 // alternating the versions before and after the fix of
 // fetch_orchestration_item (the worker scenario: before and after the
 // worker fixes), on a throwaway server (or --dsn), a table of medians and
 // ratios on stdout, a progress line on stderr.
-func runBench(ctx context.Context, env *env, args []string) error {
+func runBench(ctx context.Context, env *cli.Env, args []string) error {
 	def := bench.Defaults()
-	fs := newFlags(env, "bench")
+	fs := cli.NewFlags(env, "bench")
 	dsn := fs.String("dsn", "", "use this existing server (a database is created and dropped) instead of a throwaway one")
 	rounds := fs.Int("rounds", def.Rounds, "rounds per cell and version (at least 3)")
 	duration := fs.Duration("duration", def.Duration, "run time of one cell, per version and round")
@@ -58,23 +59,23 @@ func runBench(ctx context.Context, env *env, args []string) error {
 	callsCount := fs.Int("calls-count", 2000, "calls: measured calls per cell, side and round")
 	jsonFile := fs.String("json", "", "write the result as JSON to this file")
 	reportDir := fs.String("report", "", "write report.md, throughput.svg and bench.json into this directory (migrate-load: migrate-load.md and migrate-load.json; plans: plans.md and plans.json; calls: calls.md and calls.json)")
-	pos, err := parse(fs, args)
+	pos, err := cli.Parse(fs, args)
 	if err != nil {
 		return err
 	}
 	if len(pos) > 0 {
-		return usagef("harness bench takes no arguments, got %q (run `harness bench -h`)", pos[0])
+		return cli.Usagef("harness-lab bench takes no arguments, got %q (run `harness-lab bench -h`)", pos[0])
 	}
 	if *rounds < 3 {
-		return usagef("--rounds %d: at least 3 rounds, so that medians mean something", *rounds)
+		return cli.Usagef("--rounds %d: at least 3 rounds, so that medians mean something", *rounds)
 	}
 	if *duration < 100*time.Millisecond || *duration > 10*time.Minute {
-		return usagef("--duration %v: give a cell duration between 100ms and 10m, e.g. 2.5s", *duration)
+		return cli.Usagef("--duration %v: give a cell duration between 100ms and 10m, e.g. 2.5s", *duration)
 	}
 	cfg := def
 	cfg.Rounds, cfg.Duration, cfg.Scenarios = *rounds, *duration, nil
 	if *hotLock < 0 || *scaleCalls < 1 || *scaleIdle < 1 || *scaleIdleFor < 100*time.Millisecond {
-		return usagef("--hot-lock-timeout >= 0, --scale-calls and --scale-idle-dispatchers >= 1, --scale-idle-duration >= 100ms")
+		return cli.Usagef("--hot-lock-timeout >= 0, --scale-calls and --scale-idle-dispatchers >= 1, --scale-idle-duration >= 100ms")
 	}
 	cfg.ScaleCalls, cfg.ScaleIdleDispatchers, cfg.ScaleIdleDuration = *scaleCalls, *scaleIdle, *scaleIdleFor
 	if *hotLock != 0 {
@@ -95,37 +96,37 @@ func runBench(ctx context.Context, env *env, args []string) error {
 			continue
 		case plansScenario:
 			if *plansRows < 1 {
-				return usagef("--plans-rows %d: at least 1", *plansRows)
+				return cli.Usagef("--plans-rows %d: at least 1", *plansRows)
 			}
 			plans = true
 			continue
 		case callsScenario:
 			if *callsCount < 1 {
-				return usagef("--calls-count %d: at least 1", *callsCount)
+				return cli.Usagef("--calls-count %d: at least 1", *callsCount)
 			}
 			calls = true
 			continue
 		case migrateLoadScenario:
 			load = &migrateload.Load{Messages: *loadMessages, Instances: *loadInstances, Rate: *loadRate, Lead: full.Lead, To: migrations.Latest()}
 			if err := load.Validate(); err != nil {
-				return usagef("%v", err)
+				return cli.Usagef("%v", err)
 			}
 			continue
 		}
 		cfg.Scenarios = append(cfg.Scenarios, s)
 	}
 	if len(cfg.Scenarios) == 0 && load == nil && !plans && !calls {
-		return usagef("--scenarios is empty: name some of backlog, hot, queue-only, migrate, worker, scale, runtime, migrate-load, plans, calls")
+		return cli.Usagef("--scenarios is empty: name some of backlog, hot, queue-only, migrate, worker, scale, runtime, migrate-load, plans, calls")
 	}
 	if len(cfg.Scenarios) > 0 {
 		if err := cfg.Validate(); err != nil {
-			return usagef("%v", err)
+			return cli.Usagef("%v", err)
 		}
 	}
 	var provider *upstream.Provider
 	if load != nil || plans || calls {
 		if provider, err = upstream.Find(); err != nil {
-			return usagef("bench --scenarios migrate-load, plans and calls start from a database the real provider's runner makes: %v (make upstream installs it)", err)
+			return cli.Usagef("bench --scenarios migrate-load, plans and calls start from a database the real provider's runner makes: %v (make upstream installs it)", err)
 		}
 	}
 
@@ -174,7 +175,7 @@ func runBench(ctx context.Context, env *env, args []string) error {
 		if err := bench.WriteReport(*reportDir, &res); err != nil {
 			return fmt.Errorf("write report: %w", err)
 		}
-		fmt.Fprintf(env.Stderr, "harness: report written to %s\n", filepath.Join(*reportDir, bench.ReportFile))
+		fmt.Fprintf(env.Stderr, "harness-lab: report written to %s\n", filepath.Join(*reportDir, bench.ReportFile))
 	}
 	if *jsonFile != "" {
 		if err := bench.WriteJSON(*jsonFile, &res); err != nil {
@@ -191,7 +192,7 @@ const migrateLoadScenario = "migrate_load"
 // runMigrateLoad measures load from every start state to the pack's
 // latest, each in a schema of its own in a database it creates on srv and
 // drops, and prints the table (and writes the report into dir, if any).
-func runMigrateLoad(ctx context.Context, env *env, srv *pgtest.Server, provider *upstream.Provider, load migrateload.Load, dir string) error {
+func runMigrateLoad(ctx context.Context, env *cli.Env, srv *pgtest.Server, provider *upstream.Provider, load migrateload.Load, dir string) error {
 	starts, err := migrateload.Starts(func(ctx context.Context, src *dbconn.Source, schema string) error {
 		return provider.Migrate(ctx, src, schema)
 	})
@@ -219,7 +220,7 @@ func runMigrateLoad(ctx context.Context, env *env, srv *pgtest.Server, provider 
 		if err := migrateload.WriteReport(dir, server, reps); err != nil {
 			return fmt.Errorf("write report: %w", err)
 		}
-		fmt.Fprintf(env.Stderr, "harness: report written to %s\n", filepath.Join(dir, migrateload.ReportFile))
+		fmt.Fprintf(env.Stderr, "harness-lab: report written to %s\n", filepath.Join(dir, migrateload.ReportFile))
 	}
 	return nil
 }
@@ -257,7 +258,7 @@ const plansScenario = "plans"
 // runPlans runs every planshape cell with rows unneeded rows on upstream's
 // schema as its runner makes it and on the pack's latest, prints the table
 // and writes the report into dir, if any.
-func runPlans(ctx context.Context, env *env, srv *pgtest.Server, provider *upstream.Provider, rows int, dir string) error {
+func runPlans(ctx context.Context, env *cli.Env, srv *pgtest.Server, provider *upstream.Provider, rows int, dir string) error {
 	src, server, drop, err := benchDatabase(ctx, srv, "harness_bench_plans_")
 	if err != nil {
 		return err
@@ -281,7 +282,7 @@ func runPlans(ctx context.Context, env *env, srv *pgtest.Server, provider *upstr
 		if err := planshape.WriteReport(dir, server, latest, results); err != nil {
 			return fmt.Errorf("write report: %w", err)
 		}
-		fmt.Fprintf(env.Stderr, "harness: report written to %s\n", filepath.Join(dir, planshape.ReportFile))
+		fmt.Fprintf(env.Stderr, "harness-lab: report written to %s\n", filepath.Join(dir, planshape.ReportFile))
 	}
 	return nil
 }
@@ -293,7 +294,7 @@ const callsScenario = "calls"
 // runCalls runs every callcost cell, count calls a cell, rounds times, on
 // upstream's schema as its runner makes it, the pack's latest and its
 // variants, prints the tables and writes the report into dir, if any.
-func runCalls(ctx context.Context, env *env, srv *pgtest.Server, provider *upstream.Provider, count, rounds int, dir string) error {
+func runCalls(ctx context.Context, env *cli.Env, srv *pgtest.Server, provider *upstream.Provider, count, rounds int, dir string) error {
 	src, server, drop, err := benchDatabase(ctx, srv, "harness_bench_calls_")
 	if err != nil {
 		return err
@@ -318,7 +319,7 @@ func runCalls(ctx context.Context, env *env, srv *pgtest.Server, provider *upstr
 		if err := callcost.WriteReport(dir, server, latest, count, rounds, results); err != nil {
 			return fmt.Errorf("write report: %w", err)
 		}
-		fmt.Fprintf(env.Stderr, "harness: report written to %s\n", filepath.Join(dir, callcost.ReportFile))
+		fmt.Fprintf(env.Stderr, "harness-lab: report written to %s\n", filepath.Join(dir, callcost.ReportFile))
 	}
 	return nil
 }
@@ -343,12 +344,12 @@ func parseInts(flag, v string) ([]int, error) {
 		}
 		n, err := strconv.Atoi(f)
 		if err != nil || n < 0 {
-			return nil, usagef("%s %q: give comma-separated counts, e.g. 1000,10000", flag, v)
+			return nil, cli.Usagef("%s %q: give comma-separated counts, e.g. 1000,10000", flag, v)
 		}
 		out = append(out, n)
 	}
 	if len(out) == 0 {
-		return nil, usagef("%s is empty: give comma-separated counts, e.g. 1000,10000", flag)
+		return nil, cli.Usagef("%s is empty: give comma-separated counts, e.g. 1000,10000", flag)
 	}
 	return out, nil
 }

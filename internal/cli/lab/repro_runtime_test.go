@@ -1,4 +1,4 @@
-package cli
+package lab
 
 import (
 	"encoding/json"
@@ -9,6 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/duroxide-pg/migrations/internal/cli"
 	"github.com/duroxide-pg/migrations/internal/sim/repro"
 	"github.com/duroxide-pg/migrations/internal/testenv/upstream"
 )
@@ -23,16 +24,16 @@ func TestRuntimeReproUsageErrors(t *testing.T) {
 		{"repro", "runtime", "--form", "pool", "--pool-orchestrations", "10"},
 	} {
 		code, _, errOut := run(t, args...)
-		require.Equal(t, ExitUsage, code, "%v", args)
+		require.Equal(t, cli.ExitUsage, code, "%v", args)
 		require.Contains(t, errOut, "runtime ", "%v", args)
 		require.Contains(t, errOut, "repro:", "%v", args)
 	}
 	code, _, errOut := run(t, "repro", "runtime", "--form", "sideways")
-	require.Equal(t, ExitUsage, code)
+	require.Equal(t, cli.ExitUsage, code)
 	require.Contains(t, errOut, `--form "sideways": use held-key, pool, all`)
 }
 
-// TestRuntimeReproShowsTheSymptomOnUpstreamOnly runs `harness repro
+// TestRuntimeReproShowsTheSymptomOnUpstreamOnly runs `harness-lab repro
 // runtime` with the real runtime, two holds of 6 s, on every side: the
 // runtime's turns are refused on the real provider's schema, not on the
 // pack's, and upstream's candidate (with or without the amendment offered
@@ -44,7 +45,7 @@ func TestRuntimeReproShowsTheSymptomOnUpstreamOnly(t *testing.T) {
 	out := filepath.Join(t.TempDir(), "repro.json")
 	code, stdout, stderr := run(t, "repro", "runtime", "--form", "held-key", "--runtime-holds", "2", "--runtime-hold", "6s", "--sides", "upstream,candidate,pack,amended",
 		"--json", out, "--dsn", srv.DSN("postgres"))
-	require.Equal(t, exitOK, code, "stdout: %s\nstderr: %s", stdout, stderr)
+	require.Equal(t, cli.ExitOK, code, "stdout: %s\nstderr: %s", stdout, stderr)
 	require.Contains(t, stdout, "the deterministic form")
 	require.Contains(t, stdout, "verdict: reproduced on upstream, fixed on the pack")
 	require.NotContains(t, stdout, "pool-wait form", "--form held-key runs that form only")
@@ -89,7 +90,7 @@ func TestRuntimeReproPoolFormShowsTheSymptomWithNoAdvisoryLock(t *testing.T) {
 	const orchestrations = 800
 	code, stdout, stderr := run(t, "repro", "runtime", "--form", "pool", "--pool-holds", "2", "--pool-orchestrations", strconv.Itoa(orchestrations),
 		"--sides", "upstream,candidate,pack,amended", "--json", out, "--dsn", srv.DSN("postgres"))
-	require.Equal(t, exitOK, code, "stdout: %s\nstderr: %s", stdout, stderr)
+	require.Equal(t, cli.ExitOK, code, "stdout: %s\nstderr: %s", stdout, stderr)
 	require.Contains(t, stdout, "pool-wait form")
 	require.NotContains(t, stdout, "the deterministic form", "--form pool runs that form only")
 	require.Contains(t, stdout, "verdict: reproduced on upstream and its candidate, fixed on the pack and the amended candidate")
