@@ -113,29 +113,14 @@ func refuse(format string, args ...any) error { return &Refusal{Reason: fmt.Spri
 
 // Run baselines schema of db. It takes the pack's per-schema migration lock
 // (the one `harness migrate` takes) so it never races a runner, and does all
-// its work in one transaction.
+// its work in one transaction, in named steps: readHistory (what
+// duroxide-pg's runner recorded), readGoose and its decide (goose's table,
+// if any), checkCatalog, checkBodies, then record. A step that finds what
+// baseline cannot vouch for returns a doubt: a refusal, or with Force a
+// line of Result.Unvouched.
 func Run(ctx context.Context, db *sql.DB, opts Options) (*Result, error) {
 	opts.Schema, opts.VersionTable = migrate.Names(opts.Schema, opts.VersionTable)
 	qtable := pgx.Identifier{opts.Schema, opts.VersionTable}.Sanitize()
-	res := &Result{Schema: opts.Schema, VersionTable: qtable, Goose: -1, DryRun: opts.DryRun}
-	say := func(format string, args ...any) { res.Lines = append(res.Lines, fmt.Sprintf(format, args...)) }
-	// vouch refuses what cannot be vouched for (listed in diff, if any), or
-	// with --force lets it through and records it.
-	vouch := func(reason, diff string) error {
-		if !opts.Force {
-			r := &Refusal{Reason: reason + "; nothing was changed (--force proceeds anyway)", Diff: diff}
-			if diff != "" {
-				r.Reason += ":"
-			}
-			return r
-		}
-		if diff != "" {
-			reason += ":\n" + strings.TrimRight(diff, "\n")
-		}
-		res.Unvouched = append(res.Unvouched, reason)
-		say("--force: %s", reason)
-		return nil
-	}
 
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
@@ -146,181 +131,338 @@ func Run(ctx context.Context, db *sql.DB, opts Options) (*Result, error) {
 		return nil, fmt.Errorf("take the migration lock of schema %s: %w", opts.Schema, err)
 	}
 
-	// 1. What duroxide-pg's runner recorded.
-	var hasUpstream bool
-	if err := tx.QueryRowContext(ctx, `SELECT to_regclass($1) IS NOT NULL`,
-		pgx.Identifier{opts.Schema, "_duroxide_migrations"}.Sanitize()).Scan(&hasUpstream); err != nil {
-		return nil, fmt.Errorf("look for _duroxide_migrations: %w", err)
-	}
-	if !hasUpstream {
-		return nil, refuse("schema %s has no _duroxide_migrations table: it was not created by duroxide-pg (wrong --schema?); for a new database run `harness migrate up` instead", opts.Schema)
-	}
-	rows, err := upstreamRows(ctx, tx, opts.Schema)
+	var j journal
+	hist, err := readHistory(ctx, tx, opts.Schema)
 	if err != nil {
 		return nil, err
 	}
-	if len(rows) == 0 {
-		return nil, refuse("%s._duroxide_migrations is empty: duroxide-pg applied nothing here; run `harness migrate up` instead", opts.Schema)
-	}
-	for v := range rows {
-		res.Recorded = append(res.Recorded, v)
-	}
-	slices.Sort(res.Recorded)
-	res.Upstream = res.Recorded[len(res.Recorded)-1]
-	known := migrations.UpstreamVersions()
-	var unknown []int64
-	var unreleased []fingerprint.Unreleased
-	for _, v := range res.Recorded {
-		u, isUnreleased := fingerprint.UnreleasedAt(v)
-		switch {
-		case slices.Contains(known, v):
-			res.State = v
-		case isUnreleased && rows[v] == u.File:
-			unreleased = append(unreleased, u)
-			res.Unreleased = append(res.Unreleased, v)
-		default:
-			unknown = append(unknown, v)
-		}
-	}
-	if res.State == 0 {
-		return nil, refuse("%s._duroxide_migrations records versions %s, none of which the pack knows", opts.Schema, joinVersions(res.Recorded))
-	}
-	var missing []int64
-	for _, v := range known {
-		if v <= res.State && rows[v] == "" {
-			missing = append(missing, v)
-		}
-	}
-	if len(missing) > 0 {
-		return nil, refuse("%s._duroxide_migrations records versions %s but not %s, which duroxide-pg applies in order: repair it by hand before baselining",
-			opts.Schema, joinVersions(res.Recorded), joinVersions(missing))
-	}
-	for _, v := range known {
-		if v > res.State {
-			break
-		}
-		if port, _ := migrations.PortOf(v); rows[v] != port.UpstreamName {
-			return nil, refuse("%s._duroxide_migrations version %d is %q, upstream's is %q: not duroxide-pg's migration history",
-				opts.Schema, v, rows[v], port.UpstreamName)
-		}
-	}
-	say("_duroxide_migrations: duroxide-pg applied upstream versions %s", describeVersions(res.Recorded, known))
-	for _, u := range unreleased {
-		fn := fingerprint.NameOf(u.Function)
-		say("upstream %d (%s) is in no release, and the pack knows it: %s; its %s is checked below, and kept by the pack's fixes until %s replaces it with the pack's, which takes the same schema-scoped key",
-			u.Version, u.File, u.Note, fn, lastFixOf(fn))
-	}
-	if len(unknown) > 0 {
-		if err := vouch(fmt.Sprintf("_duroxide_migrations records upstream version(s) %s, which this pack does not know (a newer duroxide-pg?); checking the database as upstream %d",
-			joinVersions(unknown), res.State), ""); err != nil {
-			return nil, err
-		}
-	}
-	res.Baseline = baselineFor(res.State)
-
-	// 2. goose's table, if any.
-	gooseVersions, err := gooseApplied(ctx, tx, opts.Schema, opts.VersionTable)
-	if err != nil {
+	j.say(hist.lines()...)
+	if err := j.vouch(hist.doubt(), opts.Force); err != nil {
 		return nil, err
 	}
-	replace := false
-	if gooseVersions != nil {
-		res.Goose = 0
-		if len(gooseVersions) > 0 {
-			res.Goose = gooseVersions[len(gooseVersions)-1]
-		}
-		switch {
-		case contiguousFrom1(gooseVersions) && res.Goose >= res.Baseline:
-			say("%s already records versions 1..%d: nothing to do", qtable, res.Goose)
-			return res, nil
-		case len(gooseVersions) == 0:
-			say("%s exists but records no migration: filling it", qtable)
-		default:
-			if err := vouch(fmt.Sprintf("%s already exists and records versions %s, which disagree with _duroxide_migrations: check how this database was migrated; replacing goose's rows with 1..%d",
-				qtable, joinVersions(gooseVersions), res.Baseline), ""); err != nil {
-				return nil, err
-			}
-			replace = true
-			if res.Goose > res.Baseline {
-				say("warning: goose recorded versions above %d; `harness migrate up` will apply them again", res.Baseline)
-			}
+	base := baselineFor(hist.state)
+	done := func(g gooseTable, plan []string, changed bool) *Result {
+		return &Result{
+			Schema: opts.Schema, VersionTable: qtable, DryRun: opts.DryRun,
+			Upstream: hist.recorded[len(hist.recorded)-1], Recorded: hist.recorded,
+			State: hist.state, Unreleased: hist.unreleasedVersions(), Baseline: base,
+			Goose: g.newest(), Changed: changed, Unvouched: j.unvouched, Plan: plan, Lines: j.lines,
 		}
 	}
 
-	// 3. The catalog must be upstream's at State.
-	want, err := expectedCatalog(res.State)
+	goose, err := readGoose(ctx, tx, opts.Schema, opts.VersionTable)
 	if err != nil {
 		return nil, err
 	}
-	got, err := catalog.Take(ctx, tx, opts.Schema)
-	if err != nil {
+	next := goose.decide(base, qtable)
+	if err := j.vouch(next.doubt, opts.Force); err != nil {
 		return nil, err
 	}
-	if got, err = withoutTable(got, opts.VersionTable); err != nil {
-		return nil, err
-	}
-	if diff := catalog.Diff(want, got); diff != "" {
-		if err := vouch(fmt.Sprintf("schema %s does not match upstream's catalog at version %d. Differences (- missing, + extra, ~ differs; want = upstream, got = this database)",
-			opts.Schema, res.State), diff); err != nil {
-			return nil, err
-		}
-	} else {
-		say("catalog: matches upstream's at version %d", res.State)
+	j.say(next.lines...)
+	if next.nothingToDo {
+		return done(goose, nil, false), nil
 	}
 
-	// 4. Every function body must be one the pack knows at State.
-	funcs, err := fingerprint.Take(ctx, tx, opts.Schema)
+	catalogDoubt, err := checkCatalog(ctx, tx, opts.Schema, opts.VersionTable, hist.state)
 	if err != nil {
 		return nil, err
 	}
-	if diff := unknownBodies(funcs, res.State, unreleased); diff != "" {
-		if err := vouch(fmt.Sprintf("schema %s has function bodies that are neither upstream's at version %d nor the pack's (edited by hand, or from a newer duroxide-pg; the pack's fixes refuse to replace a definition they do not know)",
-			opts.Schema, res.State), diff); err != nil {
-			return nil, err
-		}
-	} else {
-		say("function bodies: all %d are upstream's or the pack's at version %d", len(funcs), res.State)
+	if err := j.vouch(catalogDoubt, opts.Force); err != nil {
+		return nil, err
+	}
+	if catalogDoubt == nil {
+		j.say(fmt.Sprintf("catalog: matches upstream's at version %d", hist.state))
 	}
 
-	// 5. Record 1..Baseline, and say what `migrate up` will do.
-	res.Plan = plan(res.Baseline, res.State, funcs)
-	res.Changed = true
+	funcs, bodiesDoubt, err := checkBodies(ctx, tx, opts.Schema, hist.state, hist.unreleased)
+	if err != nil {
+		return nil, err
+	}
+	if err := j.vouch(bodiesDoubt, opts.Force); err != nil {
+		return nil, err
+	}
+	if bodiesDoubt == nil {
+		j.say(fmt.Sprintf("function bodies: all %d are upstream's or the pack's at version %d", len(funcs), hist.state))
+	}
+
+	plan := plan(base, hist.state, funcs)
 	verb := ""
 	if opts.DryRun {
 		verb = "would "
 	}
-	store, err := database.NewStore(database.DialectPostgres, qtable)
-	if err != nil {
-		return nil, err
-	}
-	if gooseVersions == nil {
-		say("%screate %s (goose's layout) and record versions 1..%d", verb, qtable, res.Baseline)
-		if !opts.DryRun {
-			if err := store.CreateVersionTable(ctx, tx); err != nil {
-				return nil, fmt.Errorf("create %s: %w", qtable, err)
-			}
-		}
+	if goose.versions == nil {
+		j.say(fmt.Sprintf("%screate %s (goose's layout) and record versions 1..%d", verb, qtable, base))
 	} else {
-		say("%srecord versions 1..%d in %s", verb, res.Baseline, qtable)
+		j.say(fmt.Sprintf("%srecord versions 1..%d in %s", verb, base, qtable))
 	}
 	if opts.DryRun {
-		say("dry run: nothing was changed")
-		return res, nil
+		j.say("dry run: nothing was changed")
+		return done(goose, plan, true), nil
 	}
-	if replace || gooseVersions != nil {
-		if _, err := tx.ExecContext(ctx, "DELETE FROM "+qtable); err != nil {
-			return nil, fmt.Errorf("clear %s: %w", qtable, err)
-		}
-	}
-	for v := int64(0); v <= res.Baseline; v++ {
-		if err := store.Insert(ctx, tx, database.InsertRequest{Version: v}); err != nil {
-			return nil, fmt.Errorf("record version %d in %s: %w", v, qtable, err)
-		}
+	if err := record(ctx, tx, qtable, goose.versions == nil, base); err != nil {
+		return nil, err
 	}
 	if err := tx.Commit(); err != nil {
 		return nil, fmt.Errorf("commit: %w", err)
 	}
-	return res, nil
+	return done(goose, plan, true), nil
+}
+
+// doubt is what baseline cannot vouch for: Reason, and the differences
+// (catalog, bodies) when there are some. Force lets it through.
+type doubt struct {
+	reason string
+	diff   string
+}
+
+// journal is what Run tells people (Result.Lines) and what Force let
+// through (Result.Unvouched), in the order the steps found them.
+type journal struct {
+	lines     []string
+	unvouched []string
+}
+
+func (j *journal) say(lines ...string) { j.lines = append(j.lines, lines...) }
+
+// vouch refuses d (nil: nothing to vouch for), or with force lets it
+// through and records it.
+func (j *journal) vouch(d *doubt, force bool) error {
+	if d == nil {
+		return nil
+	}
+	if !force {
+		r := &Refusal{Reason: d.reason + "; nothing was changed (--force proceeds anyway)", Diff: d.diff}
+		if d.diff != "" {
+			r.Reason += ":"
+		}
+		return r
+	}
+	reason := d.reason
+	if d.diff != "" {
+		reason += ":\n" + strings.TrimRight(d.diff, "\n")
+	}
+	j.unvouched = append(j.unvouched, reason)
+	j.say("--force: " + reason)
+	return nil
+}
+
+// history is what duroxide-pg's runner recorded in _duroxide_migrations.
+type history struct {
+	schema string
+	// recorded lists every version, ascending.
+	recorded []int64
+	// state is the newest recorded version the pack ports: the upstream
+	// state the catalog and bodies are checked against.
+	state int64
+	// unreleased are the recorded versions no release carries but the pack
+	// knows (upstream's candidate fix, and it amended).
+	unreleased []fingerprint.Unreleased
+	// unknown are the recorded versions the pack does not know.
+	unknown []int64
+}
+
+// readHistory is step 1: it reads _duroxide_migrations and refuses a
+// history that is not duroxide-pg's (no table, no rows, a gap, a name that
+// is not upstream's).
+func readHistory(ctx context.Context, tx *sql.Tx, schema string) (history, error) {
+	h := history{schema: schema}
+	var hasUpstream bool
+	if err := tx.QueryRowContext(ctx, `SELECT to_regclass($1) IS NOT NULL`,
+		pgx.Identifier{schema, "_duroxide_migrations"}.Sanitize()).Scan(&hasUpstream); err != nil {
+		return h, fmt.Errorf("look for _duroxide_migrations: %w", err)
+	}
+	if !hasUpstream {
+		return h, refuse("schema %s has no _duroxide_migrations table: it was not created by duroxide-pg (wrong --schema?); for a new database run `harness migrate up` instead", schema)
+	}
+	rows, err := upstreamRows(ctx, tx, schema)
+	if err != nil {
+		return h, err
+	}
+	if len(rows) == 0 {
+		return h, refuse("%s._duroxide_migrations is empty: duroxide-pg applied nothing here; run `harness migrate up` instead", schema)
+	}
+	return h, h.read(rows)
+}
+
+// read fills h from the rows of _duroxide_migrations (version: name).
+func (h *history) read(rows map[int64]string) error {
+	for v := range rows {
+		h.recorded = append(h.recorded, v)
+	}
+	slices.Sort(h.recorded)
+	known := migrations.UpstreamVersions()
+	for _, v := range h.recorded {
+		u, isUnreleased := fingerprint.UnreleasedAt(v)
+		switch {
+		case slices.Contains(known, v):
+			h.state = v
+		case isUnreleased && rows[v] == u.File:
+			h.unreleased = append(h.unreleased, u)
+		default:
+			h.unknown = append(h.unknown, v)
+		}
+	}
+	if h.state == 0 {
+		return refuse("%s._duroxide_migrations records versions %s, none of which the pack knows", h.schema, joinVersions(h.recorded))
+	}
+	var missing []int64
+	for _, v := range known {
+		if v <= h.state && rows[v] == "" {
+			missing = append(missing, v)
+		}
+	}
+	if len(missing) > 0 {
+		return refuse("%s._duroxide_migrations records versions %s but not %s, which duroxide-pg applies in order: repair it by hand before baselining",
+			h.schema, joinVersions(h.recorded), joinVersions(missing))
+	}
+	for _, v := range known {
+		if v > h.state {
+			break
+		}
+		if port, _ := migrations.PortOf(v); rows[v] != port.UpstreamName {
+			return refuse("%s._duroxide_migrations version %d is %q, upstream's is %q: not duroxide-pg's migration history",
+				h.schema, v, rows[v], port.UpstreamName)
+		}
+	}
+	return nil
+}
+
+// lines describe the history, for people.
+func (h history) lines() []string {
+	out := []string{"_duroxide_migrations: duroxide-pg applied upstream versions " + describeVersions(h.recorded, migrations.UpstreamVersions())}
+	for _, u := range h.unreleased {
+		fn := fingerprint.NameOf(u.Function)
+		out = append(out, fmt.Sprintf("upstream %d (%s) is in no release, and the pack knows it: %s; its %s is checked below, and kept by the pack's fixes until %s replaces it with the pack's, which takes the same schema-scoped key",
+			u.Version, u.File, u.Note, fn, lastFixOf(fn)))
+	}
+	return out
+}
+
+// doubt is the versions the pack does not know (a newer duroxide-pg?), or
+// nil.
+func (h history) doubt() *doubt {
+	if len(h.unknown) == 0 {
+		return nil
+	}
+	return &doubt{reason: fmt.Sprintf("_duroxide_migrations records upstream version(s) %s, which this pack does not know (a newer duroxide-pg?); checking the database as upstream %d",
+		joinVersions(h.unknown), h.state)}
+}
+
+func (h history) unreleasedVersions() []int64 {
+	var out []int64
+	for _, u := range h.unreleased {
+		out = append(out, u.Version)
+	}
+	return out
+}
+
+// gooseTable is goose's version table as step 2 finds it: the applied
+// versions above 0, ascending, or nil when there is no table.
+type gooseTable struct{ versions []int64 }
+
+// readGoose is step 2: goose's table of schema, if any.
+func readGoose(ctx context.Context, tx *sql.Tx, schema, table string) (gooseTable, error) {
+	vs, err := gooseApplied(ctx, tx, schema, table)
+	return gooseTable{versions: vs}, err
+}
+
+// newest is goose's newest applied version (0: an empty table, -1: none).
+func (g gooseTable) newest() int64 {
+	switch {
+	case g.versions == nil:
+		return -1
+	case len(g.versions) == 0:
+		return 0
+	}
+	return g.versions[len(g.versions)-1]
+}
+
+// gooseStep is what to do about goose's table.
+type gooseStep struct {
+	// nothingToDo: the table already records 1..base or more.
+	nothingToDo bool
+	lines       []string
+	// doubt: the table records versions that disagree with the runner's
+	// history; recording replaces them.
+	doubt *doubt
+}
+
+// decide says what recording versions 1..base does to the table.
+func (g gooseTable) decide(base int64, qtable string) gooseStep {
+	switch {
+	case g.versions == nil:
+		return gooseStep{}
+	case contiguousFrom1(g.versions) && g.newest() >= base:
+		return gooseStep{nothingToDo: true, lines: []string{fmt.Sprintf("%s already records versions 1..%d: nothing to do", qtable, g.newest())}}
+	case len(g.versions) == 0:
+		return gooseStep{lines: []string{qtable + " exists but records no migration: filling it"}}
+	}
+	step := gooseStep{doubt: &doubt{reason: fmt.Sprintf("%s already exists and records versions %s, which disagree with _duroxide_migrations: check how this database was migrated; replacing goose's rows with 1..%d",
+		qtable, joinVersions(g.versions), base)}}
+	if g.newest() > base {
+		step.lines = append(step.lines, fmt.Sprintf("warning: goose recorded versions above %d; `harness migrate up` will apply them again", base))
+	}
+	return step
+}
+
+// checkCatalog is step 3: schema's catalog must be upstream's at state
+// (goose's table left out). It returns the differences as a doubt, or nil.
+func checkCatalog(ctx context.Context, tx *sql.Tx, schema, versionTable string, state int64) (*doubt, error) {
+	want, err := expectedCatalog(state)
+	if err != nil {
+		return nil, err
+	}
+	got, err := catalog.Take(ctx, tx, schema)
+	if err != nil {
+		return nil, err
+	}
+	if got, err = withoutTable(got, versionTable); err != nil {
+		return nil, err
+	}
+	diff := catalog.Diff(want, got)
+	if diff == "" {
+		return nil, nil
+	}
+	return &doubt{reason: fmt.Sprintf("schema %s does not match upstream's catalog at version %d. Differences (- missing, + extra, ~ differs; want = upstream, got = this database)",
+		schema, state), diff: diff}, nil
+}
+
+// checkBodies is step 4: every function body must be one the pack knows at
+// state, or a text of an unreleased upstream version the history records.
+// It returns the schema's functions, and the unknown bodies as a doubt.
+func checkBodies(ctx context.Context, tx *sql.Tx, schema string, state int64, unreleased []fingerprint.Unreleased) (map[string]fingerprint.Function, *doubt, error) {
+	funcs, err := fingerprint.Take(ctx, tx, schema)
+	if err != nil {
+		return nil, nil, err
+	}
+	diff := unknownBodies(funcs, state, unreleased)
+	if diff == "" {
+		return funcs, nil, nil
+	}
+	return funcs, &doubt{reason: fmt.Sprintf("schema %s has function bodies that are neither upstream's at version %d nor the pack's (edited by hand, or from a newer duroxide-pg; the pack's fixes refuse to replace a definition they do not know)",
+		schema, state), diff: diff}, nil
+}
+
+// record is step 5: goose's table (created when create) records exactly
+// versions 0..base.
+func record(ctx context.Context, tx *sql.Tx, qtable string, create bool, base int64) error {
+	store, err := database.NewStore(database.DialectPostgres, qtable)
+	if err != nil {
+		return err
+	}
+	if create {
+		if err := store.CreateVersionTable(ctx, tx); err != nil {
+			return fmt.Errorf("create %s: %w", qtable, err)
+		}
+	} else if _, err := tx.ExecContext(ctx, "DELETE FROM "+qtable); err != nil {
+		return fmt.Errorf("clear %s: %w", qtable, err)
+	}
+	for v := int64(0); v <= base; v++ {
+		if err := store.Insert(ctx, tx, database.InsertRequest{Version: v}); err != nil {
+			return fmt.Errorf("record version %d in %s: %w", v, qtable, err)
+		}
+	}
+	return nil
 }
 
 // lastFixOf is the file of the newest fix migration of function name.
