@@ -1,7 +1,7 @@
 // Package migrations is the pack: its goose migrations (sql/*.sql),
 // embedded so that the harness, the tests and any Go program can apply
 // them without reading the file system, and the facts read from them
-// (Pack, Latest, FetchFix, PortOf, FixOf, ...): which file ports which
+// (Pack, Latest, PortOf, FixOf, ...): which file ports which
 // upstream version and which fix replaces which function.
 package migrations
 

@@ -73,20 +73,17 @@ type Definition struct {
 // Fingerprint is the md5 of the body, as the guards and
 // harness/ops/fingerprint compute it for the pack's own texts (which never
 // name their schema).
-func (d Definition) Fingerprint() string { return Fingerprint(d.Source) }
+func (d Definition) Fingerprint() string {
+	sum := md5.Sum([]byte(d.Source))
+	return hex.EncodeToString(sum[:])
+}
 
-// Fingerprint is the hex md5 of a function source.
 // OutsideTransaction reports whether the migration file text runs outside
 // a transaction: goose's "-- +goose NO TRANSACTION" annotation, on a line
 // of its own before the Up section.
 func OutsideTransaction(text string) bool {
 	header, _, _ := strings.Cut(text, "-- +goose Up")
 	return strings.Contains(header, "\n-- +goose NO TRANSACTION\n")
-}
-
-func Fingerprint(source string) string {
-	sum := md5.Sum([]byte(source))
-	return hex.EncodeToString(sum[:])
 }
 
 // Known is one row of a guard's table of recognised definitions: a
@@ -278,18 +275,6 @@ func FixOf(name string) (Migration, bool) {
 	return Migration{}, false
 }
 
-// AddedBy lists the objects the fix migrations up to goose version v add
-// to upstream's catalog, in version order.
-func AddedBy(v int64) []string {
-	var out []string
-	for _, m := range Fixes() {
-		if m.Version <= v {
-			out = append(out, m.Adds...)
-		}
-	}
-	return out
-}
-
 // IntendedCost returns the fix migration, up to goose version v, whose
 // "-- Costs:" line names function name: the function is slower than
 // upstream's on purpose, for what that fix's header says.
@@ -302,63 +287,6 @@ func IntendedCost(name string, v int64) (Migration, bool) {
 	return Migration{}, false
 }
 
-// FetchFix is the pair of versions the repros and benchmarks compare: the
-// pack version just before its fix of fetch_orchestration_item, and that
-// fix.
-func FetchFix() (bug, fix int64) {
-	m, ok := FixOf("fetch_orchestration_item")
-	if !ok {
-		panic("the pack has no fix of fetch_orchestration_item")
-	}
-	for _, p := range MustPack() {
-		if p.Version < m.Version {
-			bug = p.Version
-		}
-	}
-	return bug, m.Version
-}
-
-// WorkerFix is the pair of versions the worker repros and benchmark
-// compare: the pack version just before the first of its fixes of the
-// worker queue (fetch_work_item, renew_work_item_lock, renew_session_lock),
-// and the last of them (a later fix of the same function included), so
-// that the fixed side has every one.
-func WorkerFix() (bug, fix int64) {
-	var first int64
-	for _, fn := range []string{"fetch_work_item", "renew_work_item_lock", "renew_session_lock"} {
-		m, ok := FixOf(fn)
-		if !ok {
-			panic("the pack has no fix of " + fn)
-		}
-		for _, f := range Fixes() {
-			if slices.Contains(f.Fixes, fn) {
-				fix = max(fix, f.Version)
-			}
-		}
-		if first == 0 || m.Version < first {
-			first = m.Version
-		}
-	}
-	for _, p := range MustPack() {
-		if p.Version < first {
-			bug = p.Version
-		}
-	}
-	return bug, fix
-}
-
-// UpstreamAt is the newest upstream version ported at or below goose
-// version v (0 when none).
-func UpstreamAt(v int64) int64 {
-	var u int64
-	for _, m := range MustPack() {
-		if m.Version <= v && m.Upstream > u {
-			u = m.Upstream
-		}
-	}
-	return u
-}
-
 // UpstreamVersions lists every upstream version the pack ports, ascending.
 func UpstreamVersions() []int64 {
 	var out []int64
@@ -369,21 +297,6 @@ func UpstreamVersions() []int64 {
 	}
 	slices.Sort(out)
 	return out
-}
-
-// LastContiguousPort is the newest goose version v such that every
-// migration up to v is a port of upstream versions 1..v: the prefix of the
-// pack that is upstream's history with nothing of the pack's in between
-// (19 today; fixes come after it).
-func LastContiguousPort() int64 {
-	var v int64
-	for _, m := range MustPack() {
-		if !m.IsPort() || m.Upstream != m.Version {
-			break
-		}
-		v = m.Version
-	}
-	return v
 }
 
 // headerParagraph is the text of the header's "-- <label>:" paragraph, its

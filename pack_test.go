@@ -2,6 +2,9 @@ package migrations_test
 
 import (
 	"fmt"
+	"go/ast"
+	"go/parser"
+	"go/token"
 	"io/fs"
 	"maps"
 	"os"
@@ -46,9 +49,6 @@ func TestPortsRecordIncreasingUpstreamVersionsUnderUpstreamsFileNames(t *testing
 		if !strings.HasPrefix(m.UpstreamName, fmt.Sprintf("%04d_", m.Upstream)) {
 			t.Errorf("%s records (%d, %q): upstream's file names start with the version", m.File, m.Upstream, m.UpstreamName)
 		}
-	}
-	if got := migrations.LastContiguousPort(); got != 19 {
-		t.Errorf("LastContiguousPort = %d, want 19 (the fixes follow upstream 19)", got)
 	}
 }
 
@@ -106,50 +106,8 @@ func TestUpAndDownGuardsOfAFixKnowTheSameDefinitions(t *testing.T) {
 }
 
 func TestFingerprintIsTheMD5OfTheSource(t *testing.T) {
-	if got := migrations.Fingerprint(""); got != "d41d8cd98f00b204e9800998ecf8427e" {
+	if got := (migrations.Definition{Source: ""}).Fingerprint(); got != "d41d8cd98f00b204e9800998ecf8427e" {
 		t.Fatalf("Fingerprint(\"\") = %s", got)
-	}
-}
-
-func TestTheReprosCompareTheFetchFixWithThePortBeforeIt(t *testing.T) {
-	bug, fix := migrations.FetchFix()
-	m, ok := migrations.ByVersion(fix)
-	if !ok || !slices.Contains(m.Fixes, "fetch_orchestration_item") {
-		t.Fatalf("FetchFix's fix %d is %+v, not the migration whose header says it fixes fetch_orchestration_item", fix, m.Fixes)
-	}
-	before, ok := migrations.ByVersion(bug)
-	if !ok || bug != fix-1 || !before.IsPort() {
-		t.Errorf("FetchFix's bug version %d: want the port right before %s", bug, m.File)
-	}
-	if _, ok := migrations.FixOf("no_such_function"); ok {
-		t.Error("FixOf found a fix of a function no file names")
-	}
-}
-
-func TestTheWorkerReprosCompareTheWorkerFixesWithTheVersionBeforeThem(t *testing.T) {
-	bug, fix := migrations.WorkerFix()
-	fixed := map[string]bool{}
-	for v := bug + 1; v <= fix; v++ {
-		m, ok := migrations.ByVersion(v)
-		if !ok || m.IsPort() {
-			t.Fatalf("WorkerFix's versions %d..%d: %d is %+v, not a fix", bug+1, fix, v, m)
-		}
-		for _, fn := range m.Fixes {
-			fixed[fn] = true
-		}
-	}
-	for _, fn := range []string{"fetch_work_item", "renew_work_item_lock", "renew_session_lock"} {
-		m, ok := migrations.FixOf(fn)
-		if !ok || m.Version <= bug || m.Version > fix || !fixed[fn] {
-			t.Errorf("%s is fixed by %s (version %d), not within WorkerFix's (%d, %d]", fn, m.File, m.Version, bug, fix)
-		}
-	}
-	before, ok := migrations.ByVersion(bug)
-	if !ok || !before.IsPort() {
-		t.Errorf("WorkerFix's bug version %d: want the port right before the first worker fix, got %+v", bug, before.Fixes)
-	}
-	if _, fetchFix := migrations.FetchFix(); bug <= fetchFix {
-		t.Errorf("WorkerFix's bug version %d already lacks the orchestration fetch fix %d", bug, fetchFix)
 	}
 }
 
@@ -411,4 +369,83 @@ func TestOutsideTransactionReadsTheHeaderOnly(t *testing.T) {
 	require.False(t, migrations.OutsideTransaction("-- 0020_x.sql\n\n-- +goose Up\nSELECT 1;\n"))
 	// The words in the Up (a comment quoting them) do not count.
 	require.False(t, migrations.OutsideTransaction("-- 0020_x.sql\n-- +goose Up\n-- not\n-- +goose NO TRANSACTION\nSELECT 1;\n"))
+}
+
+// TestTheRootPackageExportsWhatProgramsCall: every exported name of the
+// root package is called by a program of the module (a non-test file
+// outside the root), so that `go doc .` lists what another program would
+// embed, not the tests' helpers (those live in internal/packfacts and the
+// tests).
+func TestTheRootPackageExportsWhatProgramsCall(t *testing.T) {
+	fset := token.NewFileSet()
+	var exported []string
+	reached := map[string]bool{}
+	roots, err := filepath.Glob("*.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, file := range roots {
+		if strings.HasSuffix(file, "_test.go") {
+			continue
+		}
+		f, err := parser.ParseFile(fset, file, nil, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for name, obj := range f.Scope.Objects {
+			if ast.IsExported(name) && obj.Kind != ast.Con {
+				exported = append(exported, name)
+			}
+		}
+		// A type an exported struct's exported field has (Migration's
+		// Definitions are []Definition) is reached through that struct.
+		ast.Inspect(f, func(n ast.Node) bool {
+			ts, ok := n.(*ast.TypeSpec)
+			if !ok || !ast.IsExported(ts.Name.Name) {
+				return true
+			}
+			if st, ok := ts.Type.(*ast.StructType); ok {
+				for _, field := range st.Fields.List {
+					if len(field.Names) > 0 && ast.IsExported(field.Names[0].Name) {
+						ast.Inspect(field.Type, func(n ast.Node) bool {
+							if id, ok := n.(*ast.Ident); ok {
+								reached[id.Name] = true
+							}
+							return true
+						})
+					}
+				}
+			}
+			return true
+		})
+	}
+	if len(exported) < 5 {
+		t.Fatalf("read %d exported names from the root package: %v", len(exported), exported)
+	}
+	var programs strings.Builder
+	err = filepath.WalkDir(".", func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && (d.Name() == "node_modules" || strings.HasPrefix(d.Name(), ".")) && path != "." {
+			return filepath.SkipDir
+		}
+		if d.IsDir() || filepath.Dir(path) == "." || !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
+			return nil
+		}
+		raw, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		programs.Write(raw)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range exported {
+		if !reached[name] && !regexp.MustCompile(`\bmigrations\.`+name+`\b`).MatchString(programs.String()) {
+			t.Errorf("the root package exports %s, which no program of the module calls: move it to the tests (or internal/packfacts)", name)
+		}
+	}
 }

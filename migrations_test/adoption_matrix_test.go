@@ -28,6 +28,7 @@ import (
 	"github.com/duroxide-pg/migrations/harness/ops/doctor"
 	"github.com/duroxide-pg/migrations/harness/ops/fingerprint"
 	"github.com/duroxide-pg/migrations/harness/ops/migrate"
+	"github.com/duroxide-pg/migrations/internal/packfacts"
 	"github.com/duroxide-pg/migrations/internal/sim/orch"
 	"github.com/duroxide-pg/migrations/internal/sim/repro"
 	"github.com/duroxide-pg/migrations/internal/testenv/testdb"
@@ -55,7 +56,7 @@ func matrixStates() []startState {
 	latest := migrations.Latest()
 	pack := func(v int64) startState {
 		fetch, ack := verdictsAt(v)
-		return startState{name: fmt.Sprintf("pack-built at %d", v), goose: v, upstream: migrations.UpstreamAt(v), fetch: fetch, ack: ack,
+		return startState{name: fmt.Sprintf("pack-built at %d", v), goose: v, upstream: packfacts.UpstreamAt(v), fetch: fetch, ack: ack,
 			open: func(t *testing.T) *testdb.Database { return dbs.New(t, v) }}
 	}
 	shaped := func(u int64) startState {
@@ -93,7 +94,7 @@ func matrixStates() []startState {
 // port of upstream's own history), and orchFixedStop the version where both
 // orchestration fixes are in (where a DBA whose duroxide-pg stops before
 // the worker fixes may stop): the two stops of the matrix, from sql/.
-func unfixedStop() int64 { return migrations.LastContiguousPort() }
+func unfixedStop() int64 { return packfacts.LastContiguousPort() }
 
 func orchFixedStop() int64 {
 	m, ok := migrations.FixOf("ack_orchestration_item")
@@ -185,7 +186,7 @@ func expect(s startState, proc procedureKind) outcome {
 	adopted := s.goose != noGoose || s.upstream == 0
 	at := func(v int64) outcome {
 		fetch, ack := verdictsAt(v)
-		return outcome{goose: v, upstream: migrations.UpstreamAt(v), fetch: fetch, ack: ack, fullLease: fetch == doctor.Fixed}
+		return outcome{goose: v, upstream: packfacts.UpstreamAt(v), fetch: fetch, ack: ack, fullLease: fetch == doctor.Fixed}
 	}
 	switch proc {
 	case baselineThenUp:
@@ -226,7 +227,7 @@ func expect(s startState, proc procedureKind) outcome {
 			return o
 		}
 		o := at(unfixedStop())
-		if s.upstream > migrations.UpstreamAt(unfixedStop()) && s.goose < portOf(20) {
+		if s.upstream > packfacts.UpstreamAt(unfixedStop()) && s.goose < portOf(20) {
 			// duroxide-pg's runner applied upstream 20+ outside goose:
 			// the fixes' Downs restore the unfixed definitions of those
 			// versions and leave upstream's objects alone.
@@ -357,7 +358,7 @@ func requireState(t *testing.T, h *schemaDB, goose, upstream int64, fetch, ack, 
 			require.False(t, exists, "%s: no duroxide table %s", what, tbl)
 		}
 	} else {
-		requireUpstreamPlus(t, upstreamCatalog(t, upstream), snap, migrations.AddedBy(goose), fmt.Sprintf("%s: upstream %d", what, upstream))
+		requireUpstreamPlus(t, upstreamCatalog(t, upstream), snap, packfacts.AddedBy(goose), fmt.Sprintf("%s: upstream %d", what, upstream))
 	}
 
 	fns, err := doctor.Functions(ctx, conn, h.db.Schema)
@@ -375,7 +376,7 @@ func requireState(t *testing.T, h *schemaDB, goose, upstream int64, fetch, ack, 
 func requireFunctionsAsAtLatest(t *testing.T, h *schemaDB) {
 	t.Helper()
 	latest := migrations.Latest()
-	u := migrations.UpstreamAt(latest)
+	u := packfacts.UpstreamAt(latest)
 	conn, err := sql.Open("pgx", h.db.DSN)
 	require.NoError(t, err)
 	defer conn.Close()

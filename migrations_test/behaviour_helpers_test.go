@@ -21,6 +21,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	migrations "github.com/duroxide-pg/migrations"
+	"github.com/duroxide-pg/migrations/internal/packfacts"
 	"github.com/duroxide-pg/migrations/internal/testenv/testdb"
 )
 
@@ -65,7 +66,7 @@ func newAtVersion(t *testing.T, version int64) *schemaDB {
 func behaviourVersions() []int64 {
 	var out []int64
 	for _, m := range migrations.MustPack() {
-		if m.Version >= migrations.LastContiguousPort() {
+		if m.Version >= packfacts.LastContiguousPort() {
 			out = append(out, m.Version)
 		}
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	migrations "github.com/duroxide-pg/migrations"
+	"github.com/duroxide-pg/migrations/internal/packfacts"
 	"github.com/duroxide-pg/migrations/internal/testenv/upstream"
 )
 
@@ -82,10 +83,10 @@ type kvUpgrade struct {
 func kvUpgrades() []kvUpgrade {
 	_, version, _ := strings.Cut(upstream.AddonPackage, "@")
 	out := []kvUpgrade{{
-		name: fmt.Sprintf("upstream %s over pack %04d", version, migrations.LastContiguousPort()),
+		name: fmt.Sprintf("upstream %s over pack %04d", version, packfacts.LastContiguousPort()),
 		before: func(t *testing.T) *schemaDB {
 			upstream.Require(t)
-			return newAtVersion(t, migrations.LastContiguousPort())
+			return newAtVersion(t, packfacts.LastContiguousPort())
 		},
 		apply: func(t *testing.T, h *schemaDB) {
 			require.NoError(t, upstream.Require(t).Migrate(context.Background(), h.db.Source, h.db.Schema))

@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	migrations "github.com/duroxide-pg/migrations"
+	"github.com/duroxide-pg/migrations/internal/packfacts"
 	"github.com/duroxide-pg/migrations/internal/testenv/upstream"
 )
 
@@ -53,13 +54,13 @@ func laterTargets(from, to int64) []laterTarget {
 		return out
 	}
 	for _, m := range migrations.MustPack() {
-		if m.Version < port.Version || !in(migrations.UpstreamAt(m.Version)) {
+		if m.Version < port.Version || !in(packfacts.UpstreamAt(m.Version)) {
 			continue
 		}
 		v := m.Version
 		out = append(out, laterTarget{
 			name:  fmt.Sprintf("pack %04d", v),
-			level: migrations.UpstreamAt(v),
+			level: packfacts.UpstreamAt(v),
 			open:  func(t *testing.T) *schemaDB { t.Helper(); return newAtVersion(t, v) },
 		})
 	}
@@ -315,7 +316,7 @@ func (h *schemaDB) schemaFunctions() []string {
 // cleanup_schema knows nothing of them; TestCleanupSchema states what it
 // leaves.
 func (h *schemaDB) withoutPackAdditions(names []string) []string {
-	added := migrations.AddedBy(h.version)
+	added := packfacts.AddedBy(h.version)
 	out := []string{}
 	for _, n := range names {
 		base, _, _ := strings.Cut(strings.Fields(n + " ")[0], "(")

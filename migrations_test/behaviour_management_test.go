@@ -11,7 +11,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	migrations "github.com/duroxide-pg/migrations"
+	"github.com/duroxide-pg/migrations/internal/packfacts"
 )
 
 // buildWorld fills h with instances in several states. Creation times
@@ -461,7 +461,7 @@ func TestCleanupSchema(t *testing.T) {
 		// that added them rebuilds them.
 		tables, functions := []string{"goose_db_version"}, []string{"ack_orchestration(text,jsonb,bigint)", "enqueue_completion(text,text,bigint)",
 			"enqueue_message(text,text,bigint,bigint)", "enqueue_orchestration_work(text,text,bigint)"}
-		for _, a := range migrations.AddedBy(h.version) {
+		for _, a := range packfacts.AddedBy(h.version) {
 			switch kind, name, _ := strings.Cut(a, " "); kind {
 			case "table":
 				tables = append(tables, name)

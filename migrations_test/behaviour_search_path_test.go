@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	migrations "github.com/duroxide-pg/migrations"
+	"github.com/duroxide-pg/migrations/internal/packfacts"
 )
 
 // At 19 and at the pack's latest version (the fixes keep the property).
@@ -34,7 +35,7 @@ func testFunctionsIgnoreTheCallersSearchPath(t *testing.T, version int64) {
 	decoyTables := []string{"orchestrator_queue", "instance_locks", "instances", "executions", "history", "kv_store", "worker_queue", "sessions"}
 	// From upstream 20 on, a turn's KV mutation lands in kv_delta.
 	kvTable := "kv_store"
-	if migrations.UpstreamAt(version) >= 20 {
+	if packfacts.UpstreamAt(version) >= 20 {
 		kvTable = "kv_delta"
 		decoyTables = append(decoyTables, kvTable)
 	}

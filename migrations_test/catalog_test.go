@@ -15,6 +15,7 @@ import (
 	"github.com/duroxide-pg/migrations/harness/ops/catalog"
 	"github.com/duroxide-pg/migrations/harness/ops/fingerprint"
 	"github.com/duroxide-pg/migrations/harness/ops/migrate"
+	"github.com/duroxide-pg/migrations/internal/packfacts"
 	"github.com/duroxide-pg/migrations/internal/testenv/testdb"
 )
 
@@ -104,7 +105,7 @@ func TestCatalogMatchesUpstreamAtEveryVersionUpAndDown(t *testing.T) {
 		require.NoError(t, err, "up to %d", v)
 		catalogs[v] = takeCatalog(t, r)
 		bodies[v] = takeBodies(t, r)
-		requireUpstreamPlus(t, upstreamCatalog(t, migrations.UpstreamAt(v)), catalogs[v], migrations.AddedBy(v), fmt.Sprintf("after up to %04d", v))
+		requireUpstreamPlus(t, upstreamCatalog(t, packfacts.UpstreamAt(v)), catalogs[v], packfacts.AddedBy(v), fmt.Sprintf("after up to %04d", v))
 		requirePackTexts(t, r, v)
 	}
 	for v := top; v >= 1; v-- {
@@ -124,7 +125,7 @@ func requirePackTexts(t *testing.T, r *migrate.Runner, v int64) {
 	t.Helper()
 	funcs, err := fingerprint.Take(context.Background(), r.DB(), r.Schema())
 	require.NoError(t, err)
-	texts := fingerprint.PackTexts(migrations.UpstreamAt(v))
+	texts := fingerprint.PackTexts(packfacts.UpstreamAt(v))
 	fixed := map[string]bool{}
 	for _, m := range migrations.Fixes() {
 		for _, f := range m.Fixes {
@@ -143,7 +144,7 @@ func requirePackTexts(t *testing.T, r *migrate.Runner, v int64) {
 			require.True(t, ok && d.Fixed, "at %04d %s carries the fix, got %+v", v, id, d)
 			continue
 		}
-		require.Equal(t, texts[f.Name], f.Raw, "at %04d %s is the pack's text of upstream %d", v, id, migrations.UpstreamAt(v))
+		require.Equal(t, texts[f.Name], f.Raw, "at %04d %s is the pack's text of upstream %d", v, id, packfacts.UpstreamAt(v))
 	}
 }
 

@@ -12,16 +12,23 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	migrations "github.com/duroxide-pg/migrations"
 	"github.com/duroxide-pg/migrations/harness/ops/catalog"
+	"github.com/duroxide-pg/migrations/internal/packfacts"
 	"github.com/duroxide-pg/migrations/internal/sim/orch"
 	"github.com/duroxide-pg/migrations/internal/sim/repro"
 	"github.com/duroxide-pg/migrations/internal/testenv/testdb"
 )
 
 // unfixed and fixVersion are the pack's fix of fetch_orchestration_item and
-// the version just before it, read from sql/.
-var unfixed, fixVersion = migrations.FetchFix()
+// the version just before it, read from sql/ (the pack under test has the
+// fix: packfacts' tests say so).
+var unfixed, fixVersion = func() (int64, int64) {
+	bug, fix, err := packfacts.FetchFix()
+	if err != nil {
+		panic(err)
+	}
+	return bug, fix
+}()
 
 const (
 	leaseTimeout  = 5000 // ms, the runtime's default orchestrator lock timeout
@@ -483,7 +490,7 @@ func TestV20KeepsTheCatalogOfV19AndLeavesUpstreamBookkeepingAlone(t *testing.T) 
 	requireSameCatalog(t, upstreamCatalog(t, unfixed), takeCatalog(t, r), "at 0020 (same signature as 0019)")
 	var maxVersion int64
 	require.NoError(t, b.pool.QueryRow(context.Background(), "SELECT max(version) FROM "+b.db.Qualify("_duroxide_migrations")).Scan(&maxVersion))
-	require.Equal(t, migrations.UpstreamAt(unfixed), maxVersion, "0020 must not claim upstream's version 20")
+	require.Equal(t, packfacts.UpstreamAt(unfixed), maxVersion, "0020 must not claim upstream's version 20")
 }
 
 func TestV20DownRestoresV19AndTheBugReturns(t *testing.T) {

@@ -89,11 +89,11 @@ func TestHandwrittenVersionPatternFindsWhatItLooksFor(t *testing.T) {
 	} {
 		require.Regexp(t, versionCallRE, line)
 	}
-	require.NotRegexp(t, versionCallRE, `d := dbs.New(t, migrations.LastContiguousPort())`)
+	require.NotRegexp(t, versionCallRE, `d := dbs.New(t, packfacts.LastContiguousPort())`)
 	for _, line := range []string{
 		`backoff := 20 * time.Millisecond`,
 		`opts.ListLimit = 20`,
-		`bug, fix := migrations.FetchFix()`,
+		`bug, fix := packfacts.FetchFix()`,
 		`fmt.Sprintf("at %04d", v)`,
 		`HistoryEvents: 20,`,
 	} {

@@ -11,6 +11,8 @@ import (
 	"fmt"
 	"testing"
 
+	"github.com/duroxide-pg/migrations/internal/packfacts"
+
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
@@ -57,7 +59,8 @@ func TestReadOnlyCommandsChangeNothing(t *testing.T) {
 	p := upstream.Require(t)
 	ctx := context.Background()
 	db := dbs.New(t, 0)
-	fix, _ := migrations.FetchFix() // the version before the fetch fix: 19
+	fix, _, verr := packfacts.FetchFix() // the version before the fetch fix: 19
+	require.NoError(t, verr)
 	require.NoError(t, migrate.To(ctx, db.Source.Config(), "ro_pack", migrations.Latest()))
 	require.NoError(t, migrate.To(ctx, db.Source.Config(), "ro_old", fix))
 	require.NoError(t, p.Migrate(ctx, db.Source, "ro_upstream"))

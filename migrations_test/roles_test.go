@@ -25,6 +25,7 @@ import (
 	"github.com/duroxide-pg/migrations/harness/ops/migrate"
 	"github.com/duroxide-pg/migrations/internal/cli"
 	"github.com/duroxide-pg/migrations/internal/dbconn"
+	"github.com/duroxide-pg/migrations/internal/packfacts"
 	"github.com/duroxide-pg/migrations/internal/sim/orch"
 	"github.com/duroxide-pg/migrations/internal/testenv/pgtest"
 	"github.com/duroxide-pg/migrations/internal/testenv/testdb"
@@ -159,7 +160,7 @@ func TestLeastPrivilegeOwnerAppliesThePackAndTheApplicationOnlyUsesIt(t *testing
 		runner, err := migrate.Open(ctx, r.srcAs(t, r.app).Config(), migrate.Options{Schema: "duroxide"})
 		require.NoError(t, err)
 		defer runner.Close()
-		_, err = runner.DownTo(ctx, migrations.LastContiguousPort())
+		_, err = runner.DownTo(ctx, packfacts.LastContiguousPort())
 		require.ErrorIs(t, err, migrate.ErrNotOwner)
 		require.Contains(t, err.Error(), "--role "+r.owner)
 	})
@@ -197,7 +198,7 @@ func TestMigrateRefusesARoleThatDoesNotOwnTheSchema(t *testing.T) {
 	require.NoError(t, r.exec(t, "postgres", fmt.Sprintf("CREATE SCHEMA duroxide AUTHORIZATION %s", r.app)))
 	runner, err := migrate.Open(ctx, r.srcAs(t, r.app).Config(), migrate.Options{Schema: "duroxide"})
 	require.NoError(t, err)
-	_, err = runner.UpTo(ctx, migrations.LastContiguousPort())
+	_, err = runner.UpTo(ctx, packfacts.LastContiguousPort())
 	require.NoError(t, err)
 	runner.Close()
 
@@ -209,7 +210,7 @@ func TestMigrateRefusesARoleThatDoesNotOwnTheSchema(t *testing.T) {
 	require.Contains(t, err.Error(), "--role "+r.app)
 	v, err := asPostgres.Version(ctx)
 	require.NoError(t, err)
-	require.Equal(t, migrations.LastContiguousPort(), v, "nothing was applied")
+	require.Equal(t, packfacts.LastContiguousPort(), v, "nothing was applied")
 
 	withRole, err := migrate.Open(ctx, r.srcAs(t, "postgres").Config(), migrate.Options{Schema: "duroxide", Role: r.app})
 	require.NoError(t, err)
@@ -282,7 +283,7 @@ func TestSQLScriptRunsAsTheOwnerOrNotAtAll(t *testing.T) {
 	require.NoError(t, r.exec(t, "postgres", fmt.Sprintf("CREATE SCHEMA duroxide AUTHORIZATION %s", r.app)))
 	runner, err := migrate.Open(ctx, r.srcAs(t, r.app).Config(), migrate.Options{Schema: "duroxide"})
 	require.NoError(t, err)
-	_, err = runner.UpTo(ctx, migrations.LastContiguousPort())
+	_, err = runner.UpTo(ctx, packfacts.LastContiguousPort())
 	require.NoError(t, err)
 	runner.Close()
 

@@ -20,6 +20,7 @@ import (
 	"github.com/duroxide-pg/migrations/harness/ops/catalog"
 	"github.com/duroxide-pg/migrations/harness/ops/migrate"
 	"github.com/duroxide-pg/migrations/harness/ops/sqlscript"
+	"github.com/duroxide-pg/migrations/internal/packfacts"
 	"github.com/duroxide-pg/migrations/internal/testenv/testdb"
 )
 
@@ -150,7 +151,8 @@ func TestSQLScriptAdoptsARealProviderDatabaseLikeMigrate(t *testing.T) {
 // and run after the schema moved changes nothing.
 func TestSQLScriptRefusesADatabaseThatMoved(t *testing.T) {
 	t.Parallel()
-	bug, fix := migrations.FetchFix()
+	bug, fix, verr := packfacts.FetchFix()
+	require.NoError(t, verr)
 	db := dbs.New(t, bug)
 	text := script(t, db, false, 0)
 	require.NoError(t, migrate.To(context.Background(), db.Source.Config(), db.Schema, fix))
@@ -168,7 +170,7 @@ func TestSQLScriptRefusesADatabaseThatMoved(t *testing.T) {
 // stops before its first change and says how to run it.
 func TestSQLScriptRefusesOneTransaction(t *testing.T) {
 	t.Parallel()
-	db := dbs.New(t, migrations.LastContiguousPort())
+	db := dbs.New(t, packfacts.LastContiguousPort())
 	text := script(t, db, false, 0)
 	require.Contains(t, text, "NO TRANSACTION", "the plan holds a migration that runs outside a transaction")
 	before := endState(t, db)
@@ -185,7 +187,7 @@ func TestSQLScriptRefusesOneTransaction(t *testing.T) {
 // ends where migrate ends.
 func TestSQLScriptStoppedHalfWayLeavesTheLastCommittedMigration(t *testing.T) {
 	t.Parallel()
-	start := migrations.LastContiguousPort()
+	start := packfacts.LastContiguousPort()
 	db := dbs.New(t, start)
 	text := script(t, db, false, 0)
 	// Break the third migration the script runs: it fails before its first

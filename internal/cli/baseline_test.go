@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	migrations "github.com/duroxide-pg/migrations"
+	"github.com/duroxide-pg/migrations/internal/packfacts"
 	"github.com/duroxide-pg/migrations/internal/testenv/pgtest"
 	"github.com/duroxide-pg/migrations/internal/testenv/testdb"
 )
@@ -65,7 +66,7 @@ func TestBaselineCommand(t *testing.T) {
 
 func TestBaselineCommandRefusals(t *testing.T) {
 	t.Parallel()
-	d := dbs.New(t, migrations.LastContiguousPort())
+	d := dbs.New(t, packfacts.LastContiguousPort())
 	base := []string{"--dsn", d.DSN, "--schema", d.Schema}
 	sqlExec(t, d, "DELETE FROM "+d.Qualify("goose_db_version")+" WHERE version_id > 2")
 	code, _, errOut := runCmd(t, runBaseline, base...)

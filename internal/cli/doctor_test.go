@@ -14,6 +14,7 @@ import (
 
 	migrations "github.com/duroxide-pg/migrations"
 	"github.com/duroxide-pg/migrations/harness/ops/doctor"
+	"github.com/duroxide-pg/migrations/internal/packfacts"
 )
 
 func TestDoctorExitCodes(t *testing.T) {
@@ -29,7 +30,7 @@ func TestDoctorExitCodes(t *testing.T) {
 	require.NoError(t, json.Unmarshal([]byte(out), &rep))
 	require.Equal(t, "ok", rep["status"])
 
-	d19 := dbs.New(t, migrations.LastContiguousPort())
+	d19 := dbs.New(t, packfacts.LastContiguousPort())
 	code, out, errOut = runCmd(t, runDoctor, "--dsn", d19.DSN, "--schema", d19.Schema)
 	require.Equal(t, 1, code)
 	require.Contains(t, out, "WARNING")
@@ -180,7 +181,7 @@ func TestDoctorWritesPrometheusTextForTheTextfileCollector(t *testing.T) {
 	}
 	require.Contains(t, out, `duroxide_doctor_max_attempt_count{schema="duroxide"} 0`)
 
-	d19 := dbs.New(t, migrations.LastContiguousPort())
+	d19 := dbs.New(t, packfacts.LastContiguousPort())
 	code, out, _ = runCmd(t, runDoctor, "--dsn", d19.DSN, "--schema", d19.Schema, "--format", "prometheus")
 	require.Equal(t, ExitFailure, code, "a warning exits 1 in every format")
 	require.Contains(t, out, `duroxide_doctor_status{schema="duroxide"} 1`)

@@ -24,6 +24,7 @@ import (
 	"github.com/duroxide-pg/migrations/harness/ops/baseline"
 	"github.com/duroxide-pg/migrations/harness/ops/migrate"
 	"github.com/duroxide-pg/migrations/internal/dbconn"
+	"github.com/duroxide-pg/migrations/internal/packfacts"
 )
 
 // Start is a state a schema starts from: its name, and how to make it.
@@ -267,7 +268,7 @@ func Starts(made func(ctx context.Context, src *dbconn.Source, schema string) er
 		out = append(out, Baselined("upstream 1..21 and 23 (duroxide-pg's runner), baselined", made))
 	}
 	return append(out,
-		PackAt(fmt.Sprintf("upstream 19's catalog (goose %d)", migrations.LastContiguousPort()), migrations.LastContiguousPort()),
+		PackAt(fmt.Sprintf("upstream 19's catalog (goose %d)", packfacts.LastContiguousPort()), packfacts.LastContiguousPort()),
 		PackAt(fmt.Sprintf("the pack at %d, before its queue heads", heads-1), heads-1),
 	), nil
 }

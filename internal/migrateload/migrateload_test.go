@@ -8,8 +8,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	migrations "github.com/duroxide-pg/migrations"
 	"github.com/duroxide-pg/migrations/internal/dbconn"
+	"github.com/duroxide-pg/migrations/internal/packfacts"
 )
 
 func TestValidateRefusesWhatCannotBeMeasured(t *testing.T) {
@@ -50,7 +50,7 @@ func TestStartsAreReadFromThePack(t *testing.T) {
 	without, err := Starts(nil)
 	require.NoError(t, err)
 	require.Len(t, with, len(without)+1, "the runner's state only when it can be made")
-	require.Contains(t, without[0].Name, fmt.Sprintf("goose %d", migrations.LastContiguousPort()))
+	require.Contains(t, without[0].Name, fmt.Sprintf("goose %d", packfacts.LastContiguousPort()))
 	require.True(t, strings.HasPrefix(without[1].Name, "the pack at "), without[1].Name)
 }
 

@@ -20,6 +20,7 @@ import (
 	"github.com/duroxide-pg/migrations/harness/ops/baseline"
 	"github.com/duroxide-pg/migrations/harness/ops/catalog"
 	"github.com/duroxide-pg/migrations/harness/ops/migrate"
+	"github.com/duroxide-pg/migrations/internal/packfacts"
 	"github.com/duroxide-pg/migrations/internal/testenv/pgtest"
 	"github.com/duroxide-pg/migrations/internal/testenv/testdb"
 )
@@ -98,7 +99,7 @@ func TestBaselineAtEveryUpstreamVersionThenUp(t *testing.T) {
 			require.True(t, res.Changed)
 			require.Equal(t, v, res.Upstream)
 			require.Equal(t, v, res.State)
-			want := min(v, migrations.LastContiguousPort())
+			want := min(v, packfacts.LastContiguousPort())
 			require.Equal(t, want, res.Baseline, "goose records the pack's versions the database already has")
 			require.Equal(t, want, gooseVersion(t, d))
 			require.Empty(t, res.Unvouched)
@@ -133,7 +134,7 @@ func TestBaselineAdoptsWhatTheRealProviderMade(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, []int64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 23}, res.Recorded)
 	require.Equal(t, int64(23), res.State)
-	require.Equal(t, migrations.LastContiguousPort(), res.Baseline)
+	require.Equal(t, packfacts.LastContiguousPort(), res.Baseline)
 	lines := strings.Join(res.Lines, "\n")
 	require.Contains(t, lines, "(no 22: upstream has not released it, as expected)")
 	require.Contains(t, lines, "function bodies: all 36 are upstream's or the pack's at version 23")
@@ -146,7 +147,7 @@ func TestBaselineAdoptsWhatTheRealProviderMade(t *testing.T) {
 	res, err = baseline.Run(ctx, db, baseline.Options{Schema: d.Schema})
 	require.NoError(t, err)
 	require.True(t, res.Changed)
-	require.Equal(t, migrations.LastContiguousPort(), gooseVersion(t, d))
+	require.Equal(t, packfacts.LastContiguousPort(), gooseVersion(t, d))
 }
 
 // A body that is neither upstream's nor the pack's is refused, with a diff
@@ -176,7 +177,7 @@ func TestBaselineRefusesAHandEditedBodyUnlessForced(t *testing.T) {
 	require.Contains(t, res.Unvouched[0], "get_parent_id")
 	_, err = d.Runner(t).Up(ctx)
 	require.ErrorContains(t, err, "0020: fetch_orchestration_item in schema duroxide has a definition this migration does not know")
-	require.Equal(t, migrations.LastContiguousPort(), gooseVersion(t, d), "the refused fix changed nothing")
+	require.Equal(t, packfacts.LastContiguousPort(), gooseVersion(t, d), "the refused fix changed nothing")
 }
 
 // editFetch replaces fetch_orchestration_item's body by a hand-edited one
@@ -235,7 +236,7 @@ func requireNoGooseTable(t *testing.T, d *testdb.Database, db *sql.DB) {
 func TestRefusesAnExistingGooseTableUnlessForced(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	d := dbs.New(t, migrations.LastContiguousPort())
+	d := dbs.New(t, packfacts.LastContiguousPort())
 	db := openDB(t, d)
 	// goose says 3, duroxide-pg says 19: someone migrated by other means.
 	exec(t, db, "DELETE FROM "+d.Qualify(migrate.VersionTable)+" WHERE version_id > 3")

@@ -18,6 +18,7 @@ import (
 
 	migrations "github.com/duroxide-pg/migrations"
 	"github.com/duroxide-pg/migrations/harness/ops/doctor"
+	"github.com/duroxide-pg/migrations/internal/packfacts"
 	"github.com/duroxide-pg/migrations/internal/testenv/pgtest"
 	"github.com/duroxide-pg/migrations/internal/testenv/testdb"
 )
@@ -91,7 +92,7 @@ func functionFixedBy(r *doctor.Report, name, file string) doctor.FunctionCheck {
 func TestEveryFixedFunctionIsIdentifiedAtEveryPackVersion(t *testing.T) {
 	t.Parallel()
 	latest := migrations.Latest()
-	for v := migrations.LastContiguousPort(); v <= latest; v++ {
+	for v := packfacts.LastContiguousPort(); v <= latest; v++ {
 		for _, p := range []*testdb.Pool{dbs, other} {
 			d := p.New(t, v)
 			r := check(t, d, openDB(t, d))
@@ -134,7 +135,7 @@ func addedBy(name string) (migrations.Migration, bool) {
 
 func TestVerdictAt19NamesTheUpstreamDefinitionAndMigrateUp(t *testing.T) {
 	t.Parallel()
-	d := other.New(t, migrations.LastContiguousPort())
+	d := other.New(t, packfacts.LastContiguousPort())
 	r := check(t, d, openDB(t, d))
 	require.Equal(t, doctor.Warning, r.Status)
 	f := function(r, "fetch_orchestration_item")

@@ -8,6 +8,7 @@ import (
 
 	migrations "github.com/duroxide-pg/migrations"
 	"github.com/duroxide-pg/migrations/harness/ops/fingerprint"
+	"github.com/duroxide-pg/migrations/internal/packfacts"
 )
 
 // Every row of every guard table says what a fingerprint is; check each
@@ -80,7 +81,7 @@ func TestEveryFixKnowsUpstreamsDefinitionAtEveryVersionFrom19(t *testing.T) {
 					}
 				}
 			}
-			if fp, ok := fingerprint.PackTexts(migrations.UpstreamAt(m.Version))[fn]; ok {
+			if fp, ok := fingerprint.PackTexts(packfacts.UpstreamAt(m.Version))[fn]; ok {
 				if _, ok := known[fp]; !ok {
 					t.Errorf("%s does not know the pack's own %s before it (%s)", m.File, fn, fp)
 				}
@@ -103,7 +104,7 @@ func TestIdentifyNamesUpstreamVersionsAndRefusesUnknownTexts(t *testing.T) {
 			t.Errorf("Identify(upstream 21 get_instance_stats) = %+v, %v", d, ok)
 		}
 	}
-	if d, ok := fingerprint.Identify(fingerprint.Function{Name: "ack_orchestration_item", Identity: "x", Raw: migrations.Fingerprint("hand edit")}); ok {
+	if d, ok := fingerprint.Identify(fingerprint.Function{Name: "ack_orchestration_item", Identity: "x", Raw: migrations.Definition{Source: "hand edit"}.Fingerprint()}); ok {
 		t.Errorf("a hand-edited body was identified as %+v", d)
 	}
 }

@@ -38,13 +38,10 @@ func runBench(ctx context.Context, env *cli.Env, args []string) error {
 	dsn := fs.String("dsn", "", "use this existing server (a database is created and dropped) instead of a throwaway one")
 	rounds := fs.Int("rounds", def.Rounds, "rounds per cell and version (at least 3)")
 	duration := fs.Duration("duration", def.Duration, "run time of one cell, per version and round")
-	bug, fix := bench.Versions()
-	wbug, wfix := bench.WorkerVersions()
-	sbefore, safter := bench.ScaleVersions()
 	rprev, rlatest := bench.RuntimeVersions()
 	scenarios := fs.String("scenarios", strings.Join(def.Scenarios, ","), fmt.Sprintf(
-		"scenarios to run: backlog, hot, queue-only, migrate (schema %d against %d), worker (schema %d against %d), scale (schema %d against %d), runtime (the real runtime: upstream's schema against %d and %d), migrate-load (migrate up to the latest while a writer enqueues: not run unless named), plans (rows a queue read reads, call after call: upstream's schema and the latest; not run unless named), calls (where a call's server time goes, uncontended: upstream's schema, the latest and its variants; not run unless named)",
-		bug, fix, wbug, wfix, sbefore, safter, rprev, rlatest))
+		"scenarios to run: backlog, hot, queue-only, migrate (%s), worker (%s), scale (%s), runtime (the real runtime: upstream's schema against %d and %d), migrate-load (migrate up to the latest while a writer enqueues: not run unless named), plans (rows a queue read reads, call after call: upstream's schema and the latest; not run unless named), calls (where a call's server time goes, uncontended: upstream's schema, the latest and its variants; not run unless named)",
+		pairOf(bench.Versions()), pairOf(bench.WorkerVersions()), pairOf(bench.ScaleVersions()), rprev, rlatest))
 	hotLock := fs.Duration("hot-lock-timeout", def.HotLockTimeout, "hot scenario's lock timeout; 0: calibrated at start like the organic repro")
 	scaleBlocked := fs.String("scale-blocked", joinInts(def.ScaleBlocked), "scale: blocked message counts K, comma-separated")
 	scaleCompleted := fs.String("scale-completed", joinInts(def.ScaleCompleted), "scale: completed instance counts, comma-separated")
@@ -402,4 +399,13 @@ func (p *progressBar) done() {
 	if p.tty && p.last > 0 {
 		fmt.Fprintln(p.w)
 	}
+}
+
+// pairOf says which versions a scenario compares, for the help: "schema B
+// against F", or why there are none.
+func pairOf(before, after int64, err error) string {
+	if err != nil {
+		return "none: " + err.Error()
+	}
+	return fmt.Sprintf("schema %d against %d", before, after)
 }

@@ -57,12 +57,15 @@ func TestBenchHelp(t *testing.T) {
 	err := runBench(context.Background(), env, []string{"-h"})
 	require.True(t, errors.Is(err, flag.ErrHelp))
 	require.Contains(t, out.String(), "-rounds")
-	bug, fix := bench.Versions()
-	wbug, wfix := bench.WorkerVersions()
+	bug, fix, verr := bench.Versions()
+	require.NoError(t, verr)
+	wbug, wfix, verr := bench.WorkerVersions()
+	require.NoError(t, verr)
 	require.Contains(t, out.String(), fmt.Sprintf("migrate (schema %d against %d), worker (schema %d against %d)", bug, fix, wbug, wfix),
 		"the help names the versions compared, read from the pack")
 	require.Contains(t, benchSummary, "bench")
-	before, after := bench.ScaleVersions()
+	before, after, verr := bench.ScaleVersions()
+	require.NoError(t, verr)
 	require.Contains(t, out.String(), fmt.Sprintf("scale (schema %d against %d)", before, after),
 		"the scale scenario names its versions too: before the first fetch fix and the pack's latest")
 	for _, flag := range []string{"-scale-blocked", "-scale-completed", "-scale-calls", "-scale-idle-dispatchers", "-scale-idle-duration", "-hot-lock-timeout"} {
@@ -95,7 +98,8 @@ func TestBenchScaleAtTinySizesPrintsTheScaleTableAndTargets(t *testing.T) {
 	code, stdout, stderr := run(t, "bench", "--scenarios", "scale", "--scale-blocked", "10,100", "--scale-completed", "0,20",
 		"--scale-calls", "7", "--scale-idle-dispatchers", "2", "--scale-idle-duration", "200ms", "--report", dir)
 	require.Equal(t, cli.ExitOK, code, "stdout:\n%s\nstderr:\n%s", stdout, stderr)
-	before, after := bench.ScaleVersions()
+	before, after, verr := bench.ScaleVersions()
+	require.NoError(t, verr)
 	for _, want := range []string{fmt.Sprintf("before (schema %d, before the first fetch fix) and after (schema %d, the pack's latest)", before, after),
 		"spread K=100", "fan_in K=10", "idle N=2 K=100", "completed C=20", "one-row fetch, steady", "server CPU per second",
 		"scale spread: one-row fetch at K=100 within 2x of K=10 (after)", "scale: fetch and cycle cost flat from 0 to 20 completed instances (after)"} {

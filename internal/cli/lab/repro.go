@@ -86,8 +86,13 @@ func runRepro(ctx context.Context, env *cli.Env, args []string) error {
 	duration := fs.Duration("duration", def.Duration, "organic: run time per version")
 	skew := fs.Duration("skew", def.Skew, "organic: spread the dispatchers' clocks over [-skew, +skew]")
 	bouncer := fs.String("pgbouncer", "", "organic: the dispatchers connect through a PgBouncer started next to the server, in this pool mode (transaction, session or statement)")
-	wbug, wfix := repro.WorkerVersions()
-	workerPair := fmt.Sprintf("%d,%d", wbug, wfix)
+	// A pack without the worker fixes has no default pair: the worker
+	// repros then need --worker-versions, and say why.
+	wbug, wfix, werr := repro.WorkerVersions()
+	workerPair := ""
+	if werr == nil {
+		workerPair = fmt.Sprintf("%d,%d", wbug, wfix)
+	}
 	workerVersionsFlag := fs.String("worker-versions", workerPair, "worker-minimal: schema versions to compare, the buggy one then the fixed one")
 	wdef := repro.WorkerDefaults()
 	workerRuntimes := fs.Int("worker-runtimes", wdef.Runtimes, "worker: simulated runtimes, each with its own clock")
@@ -146,9 +151,14 @@ func runRepro(ctx context.Context, env *cli.Env, args []string) error {
 			return fmt.Errorf("repro: %w", err)
 		}
 	}
-	workerVersions, err := parseVersions(*workerVersionsFlag)
-	if err != nil {
-		return err
+	var workerVersions []int64
+	if *workerVersionsFlag != "" || runs["worker"] || runs["worker-minimal"] {
+		if *workerVersionsFlag == "" {
+			return cli.Usagef("repro: %v", werr)
+		}
+		if workerVersions, err = parseVersions(*workerVersionsFlag); err != nil {
+			return err
+		}
 	}
 	if *workerRuntimes < 1 || *workerSlots < 1 || *workerDuration <= 0 || *workerLockTimeout < 0 || *workerLockTimeout%time.Second != 0 {
 		return cli.Usagef("worker settings out of range: worker-runtimes, worker-slots >= 1; worker-duration > 0; worker-lock-timeout 0 or whole seconds")

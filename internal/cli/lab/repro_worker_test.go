@@ -13,7 +13,8 @@ import (
 )
 
 func TestWorkerReproUsageErrors(t *testing.T) {
-	bug, fix := repro.WorkerVersions()
+	bug, fix, verr := repro.WorkerVersions()
+	require.NoError(t, verr)
 	for _, tc := range []struct {
 		args []string
 		want string

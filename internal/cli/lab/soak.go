@@ -61,7 +61,11 @@ func runSoak(ctx context.Context, env *cli.Env, args []string) error {
 	if *each || *doc != "" {
 		return cli.Usagef("--each and --doc go with --runtime")
 	}
-	latest, oldest := migrations.Latest(), faults.OldestVersion()
+	latest := migrations.Latest()
+	oldest, err := faults.OldestVersion()
+	if err != nil {
+		return cli.Usagef("soak: %v", err)
+	}
 	switch {
 	case len(pos) > 0:
 		return cli.Usagef("soak takes no arguments, got %q (run `harness-lab soak -h`)", pos[0])

@@ -43,9 +43,10 @@ import (
 	"strings"
 	"time"
 
+	"github.com/duroxide-pg/migrations/internal/packfacts"
+
 	"github.com/jackc/pgx/v5"
 
-	migrations "github.com/duroxide-pg/migrations"
 	"github.com/duroxide-pg/migrations/harness/ops/migrate"
 	"github.com/duroxide-pg/migrations/internal/dbconn"
 	"github.com/duroxide-pg/migrations/internal/sim/dispatch"
@@ -54,12 +55,12 @@ import (
 
 // Versions are the schema versions compared: the version before the pack's
 // fix of fetch_orchestration_item, and that fix (read from sql/).
-func Versions() (bug, fix int64) { return migrations.FetchFix() }
+func Versions() (bug, fix int64, err error) { return packfacts.FetchFix() }
 
 // WorkerVersions are the versions the worker scenario compares: the
 // version before the pack's fixes of the worker queue, and the last of them
 // (read from sql/).
-func WorkerVersions() (bug, fix int64) { return migrations.WorkerFix() }
+func WorkerVersions() (bug, fix int64, err error) { return packfacts.WorkerFix() }
 
 // Scenario names (also the JSON values).
 const (
@@ -479,7 +480,10 @@ func Run(ctx context.Context, srv Databases, cfg Config, progress func(Progress)
 		schemas[key{scenario, side}] = p
 		return nil
 	}
-	bugVersion, fixVersion := Versions()
+	bugVersion, fixVersion, err := Versions()
+	if err != nil && (cfg.has(backlog) || cfg.has(Hot) || cfg.has(queueOnly) || cfg.has(Migrate)) {
+		return res, err
+	}
 	versions := map[string]int64{sideBefore: bugVersion, sideAfter: fixVersion}
 	progress(Progress{Steps: cfg.Steps(), Rounds: cfg.Rounds, Label: "migrating and seeding the schemas", Elapsed: time.Since(start)})
 	for _, side := range []string{sideBefore, sideAfter} {

@@ -81,7 +81,8 @@ func TestParseStat(t *testing.T) {
 
 // synthetic is a result with known figures: backlog N=1 and 8, hot, queue
 // N=1 with the bare queue, migrate; 3 rounds each.
-func synthetic() *Result {
+func synthetic(t *testing.T) *Result {
+	t.Helper()
 	cfg := Defaults()
 	cfg.BacklogDispatchers = []int{1, 8}
 	r := &Result{Settings: settingsOf(cfg), Server: ServerInfo{Backend: "local", Version: "16.0", CPU: "n/a (test)", CPUs: 2},
@@ -90,7 +91,8 @@ func synthetic() *Result {
 		return Sample{ElapsedS: 2.5, Cycles: int(cps * 2.5), CyclesPerS: fp(cps), FetchP50Ms: fp(p99 / 3), FetchP99Ms: fp(p99),
 			DeadOnArrival: fp(dead), AckFailures: fp(dead), MaxAttemptCount: fp(1 + dead)}
 	}
-	bug, fix := Versions()
+	bug, fix, verr := Versions()
+	require.NoError(t, verr)
 	add := func(c Cell, before, after []Sample, base []Sample) {
 		c.BeforeVersion, c.AfterVersion = bug, fix
 		for i := range before {
@@ -124,7 +126,7 @@ func synthetic() *Result {
 }
 
 func TestFiguresAndTargets(t *testing.T) {
-	r := synthetic()
+	r := synthetic(t)
 	b8 := r.Cell(backlog, 8).Figure("cycles_per_s")
 	require.Equal(t, 5.0, *b8.Before)
 	require.Equal(t, 100.0, *b8.After)
@@ -156,8 +158,9 @@ func TestFiguresAndTargets(t *testing.T) {
 }
 
 func TestReportRendering(t *testing.T) {
-	r := synthetic()
-	bug, fix := Versions()
+	r := synthetic(t)
+	bug, fix, verr := Versions()
+	require.NoError(t, verr)
 	var out bytes.Buffer
 	require.NoError(t, PrintTable(&out, r))
 	text := out.String()

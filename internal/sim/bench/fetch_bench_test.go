@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/require"
+
 	"github.com/duroxide-pg/migrations/internal/sim/dispatch"
 	"github.com/duroxide-pg/migrations/internal/sim/orch"
 	"github.com/duroxide-pg/migrations/internal/sim/simconfig"
@@ -28,7 +30,8 @@ func BenchmarkFetchUncontended(b *testing.B) {
 	}
 	b.Cleanup(func() { _ = s.DropDatabase(context.Background(), db) })
 	src := testdb.MustSource(b, s.DSN(db))
-	bug, fix := Versions()
+	bug, fix, verr := Versions()
+	require.NoError(b, verr)
 	for _, v := range []int64{bug, fix} {
 		schema := fmt.Sprintf("micro_v%d", v)
 		if err := migrateSchema(ctx, src, schema, v); err != nil {

@@ -127,7 +127,7 @@ func writeMarkdownTable(b *strings.Builder, header []string, rows [][]string) {
 
 // compared are the schema versions the dispatcher and migrate cells of r
 // compare, before and after the fix (the scale cells' when only they ran,
-// Versions when no cell ran).
+// Versions when no cell ran, 0 and 0 on a pack without the fix).
 func (r *Result) compared() (before, after int64) {
 	if len(r.Cells) > 0 {
 		return r.Cells[0].BeforeVersion, r.Cells[0].AfterVersion
@@ -135,7 +135,8 @@ func (r *Result) compared() (before, after int64) {
 	if len(r.Scale) > 0 {
 		return r.Scale[0].BeforeVersion, r.Scale[0].AfterVersion
 	}
-	return Versions()
+	before, after, _ = Versions()
+	return before, after
 }
 
 func hasBare(r *Result) bool {

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"slices"
 
+	"github.com/duroxide-pg/migrations/internal/packfacts"
+
 	migrations "github.com/duroxide-pg/migrations"
 	"github.com/duroxide-pg/migrations/internal/dbconn"
 )
@@ -52,9 +54,9 @@ const (
 // just before the pack's first fix of fetch_orchestration_item, and the
 // pack's latest (read from sql/), so that a later fix of the fetch's cost
 // is the after side without a change here.
-func ScaleVersions() (before, after int64) {
-	bug, _ := migrations.FetchFix()
-	return bug, migrations.Latest()
+func ScaleVersions() (before, after int64, err error) {
+	bug, _, err := packfacts.FetchFix()
+	return bug, migrations.Latest(), err
 }
 
 // ScaleCell is one cell of the scale scenario: its shape, what seeding
@@ -185,7 +187,10 @@ func (c Config) validateScale() error {
 // for each cell seeds both sides (the idle cell keeps the seeding of the
 // cell before it) and runs its rounds, before then after in each.
 func runScale(ctx context.Context, src *dbconn.Source, cfg Config, cpu *serverCPU, note func(round int, label string)) ([]ScaleCell, error) {
-	before, after := ScaleVersions()
+	before, after, err := ScaleVersions()
+	if err != nil {
+		return nil, err
+	}
 	schemas := map[string]string{sideBefore: "bench_scale_before", sideAfter: "bench_scale_after"}
 	for side, v := range map[string]int64{sideBefore: before, sideAfter: after} {
 		if err := migrateSchema(ctx, src, schemas[side], v); err != nil {

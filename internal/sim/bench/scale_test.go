@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/duroxide-pg/migrations/internal/packfacts"
+
 	"github.com/stretchr/testify/require"
 
 	migrations "github.com/duroxide-pg/migrations"
@@ -19,8 +21,10 @@ import (
 )
 
 func TestScaleComparesTheVersionBeforeTheFirstFetchFixWithTheLatest(t *testing.T) {
-	before, after := ScaleVersions()
-	bug, _ := migrations.FetchFix()
+	before, after, verr := ScaleVersions()
+	require.NoError(t, verr)
+	bug, _, verr := packfacts.FetchFix()
+	require.NoError(t, verr)
 	require.Equal(t, bug, before)
 	require.Equal(t, migrations.Latest(), after)
 }
@@ -64,9 +68,11 @@ func TestPhasesSplitCustomPlanCallsFromSteadyOnes(t *testing.T) {
 
 // scaleSynthetic is a result with two blocked cells per seeding and two
 // completed cells, after flat and faster than before except where noted.
-func scaleSynthetic() *Result {
+func scaleSynthetic(t *testing.T) *Result {
+	t.Helper()
 	r := &Result{Settings: settingsOf(Defaults())}
-	before, after := ScaleVersions()
+	before, after, verr := ScaleVersions()
+	require.NoError(t, verr)
 	add := func(c ScaleCell, b, a scaleSample) {
 		c.BeforeVersion, c.AfterVersion = before, after
 		c.Rounds = []Round[scaleSample]{{Round: 1, Side: sideBefore, Sample: b}, {Round: 1, Side: sideAfter, Sample: a}}
@@ -91,7 +97,7 @@ func scaleSynthetic() *Result {
 }
 
 func TestScaleTargetsAreMarkedWithTheirReasons(t *testing.T) {
-	r := scaleSynthetic()
+	r := scaleSynthetic(t)
 	by := map[string]Target{}
 	for _, tg := range r.Targets {
 		by[tg.Name] = tg
@@ -133,7 +139,8 @@ func TestScaleSeedingMatchesTheRuntimesShapes(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = s.DropDatabase(context.Background(), db) })
 	src := testdb.MustSource(t, s.DSN(db))
-	before, _ := ScaleVersions()
+	before, _, verr := ScaleVersions()
+	require.NoError(t, verr)
 	require.NoError(t, migrateSchema(ctx, src, "seeded", before))
 
 	n, err := seedScale(ctx, src, "seeded", scaleShape{Leased: 5, Blocked: 37, Ready: 2, Completed: 4, CompletedHistory: 10,
@@ -249,7 +256,8 @@ func TestScaleRunProducesEveryFigureAndTarget(t *testing.T) {
 	require.True(t, strings.HasPrefix(string(svg), "<svg"))
 	raw, err := os.ReadFile(filepath.Join(dir, JSONFile))
 	require.NoError(t, err)
-	before, after := ScaleVersions()
+	before, after, verr := ScaleVersions()
+	require.NoError(t, verr)
 	for _, k := range []string{`"scale_cells"`, `"seeded_blocked"`, `"empty_fetch_steady_ms"`, `"row_fetch_early_ms"`, `"server_cpu_s_per_s"`,
 		`"cycle_ack_steady_ms"`, fmt.Sprintf(`"before_version": %d`, before), fmt.Sprintf(`"after_version": %d`, after)} {
 		require.Contains(t, string(raw), k)

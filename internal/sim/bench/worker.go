@@ -114,7 +114,10 @@ type workerBench struct {
 }
 
 func newWorkerBench(ctx context.Context, src *dbconn.Source, cfg Config) (*workerBench, error) {
-	bug, fix := WorkerVersions()
+	bug, fix, err := WorkerVersions()
+	if err != nil {
+		return nil, err
+	}
 	wb := &workerBench{src: src, cfg: cfg, schemas: map[string]string{}}
 	for side, v := range map[string]int64{sideBefore: bug, sideAfter: fix} {
 		wb.schemas[side] = "bench_worker_" + side

@@ -6,7 +6,8 @@ import (
 	"math/rand/v2"
 	"time"
 
-	migrations "github.com/duroxide-pg/migrations"
+	"github.com/duroxide-pg/migrations/internal/packfacts"
+
 	"github.com/duroxide-pg/migrations/internal/dbconn"
 )
 
@@ -14,9 +15,9 @@ import (
 // run on: the version before the pack's fix of fetch_orchestration_item,
 // the one the repros and the fault scenarios report (older versions'
 // functions are not simulated).
-func OldestVersion() int64 {
-	bug, _ := migrations.FetchFix()
-	return bug
+func OldestVersion() (int64, error) {
+	bug, _, err := packfacts.FetchFix()
+	return bug, err
 }
 
 // SoakOptions describe a soak: rounds of mixed faults on one schema.

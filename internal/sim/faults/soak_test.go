@@ -5,9 +5,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/duroxide-pg/migrations/internal/packfacts"
+
 	"github.com/stretchr/testify/require"
 
-	migrations "github.com/duroxide-pg/migrations"
 	"github.com/duroxide-pg/migrations/internal/sim/faults"
 )
 
@@ -43,7 +44,10 @@ func TestSoakAddsUpItsRounds(t *testing.T) {
 // the fetch fix the reports compare against.
 func TestOldestVersionIsReadFromThePack(t *testing.T) {
 	t.Parallel()
-	bug, _ := migrations.FetchFix()
-	require.Equal(t, bug, faults.OldestVersion())
-	require.Equal(t, int64(bugVersion), faults.OldestVersion(), "the scenarios' reported version")
+	bug, _, verr := packfacts.FetchFix()
+	require.NoError(t, verr)
+	oldest, err := faults.OldestVersion()
+	require.NoError(t, err)
+	require.Equal(t, bug, oldest)
+	require.Equal(t, int64(bugVersion), oldest, "the scenarios' reported version")
 }

@@ -56,7 +56,8 @@ func TestMinimalRendersEverySideWithTheVerdict(t *testing.T) {
 }
 
 func TestWorkerMinimalVerdictNeedsBothSymptomsThenNeither(t *testing.T) {
-	bug, fix := WorkerVersions()
+	bug, fix, verr := WorkerVersions()
+	require.NoError(t, verr)
 	before := WorkerMinimalResult{HoldMs: 2000, Blocked: true, BlockedMs: 1900, CallMs: 2100, Returned: "s1",
 		StaleFetch: StaleFetch{Version: int64(bug), LockTimeoutMs: 5000, Fetched: true, RemainingMs: -5000, AckError: "not found"}}
 	after := WorkerMinimalResult{HoldMs: 2000, CallMs: 5, Returned: "s2",

@@ -5,7 +5,8 @@ import (
 	"fmt"
 	"sort"
 
-	migrations "github.com/duroxide-pg/migrations"
+	"github.com/duroxide-pg/migrations/internal/packfacts"
+
 	"github.com/duroxide-pg/migrations/harness/ops/migrate"
 	"github.com/duroxide-pg/migrations/internal/dbconn"
 )
@@ -18,9 +19,23 @@ import (
 // WorkerVersions are the schema versions the worker repros compare: the
 // version before the pack's fixes of the worker queue, and the last of them
 // (read from sql/).
-func WorkerVersions() (bug, fix int) { return ints(migrations.WorkerFix()) }
+func WorkerVersions() (bug, fix int, err error) {
+	b, f, err := packfacts.WorkerFix()
+	return int(b), int(f), err
+}
 
-func ints(a, b int64) (int, int) { return int(a), int(b) }
+// versionsRun are the oldest and the newest version of runs (0 for none):
+// the versions a result compared, read from the result rather than from
+// the pack.
+func versionsRun[S, E any](runs []Run[S, E]) (oldest, newest int) {
+	for i, r := range runs {
+		if i == 0 || r.Version < oldest {
+			oldest = r.Version
+		}
+		newest = max(newest, r.Version)
+	}
+	return oldest, newest
+}
 
 // Run is a scenario on one schema (a pack version, or a side of a
 // comparison of sides): the summary S of its simulation and the events E

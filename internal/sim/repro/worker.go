@@ -108,15 +108,22 @@ func workerTimes(cfg worker.Config) worker.Config {
 
 // workerSchemas are the schemas prepareWorker migrates, by version:
 // worker_vN for each of WorkerVersions.
-func workerSchemas() map[int]string {
-	bug, fix := WorkerVersions()
-	return schemasOf("worker", bug, fix)
+func workerSchemas() (map[int]string, error) {
+	bug, fix, err := WorkerVersions()
+	if err != nil {
+		return nil, fmt.Errorf("worker: %w", err)
+	}
+	return schemasOf("worker", bug, fix), nil
 }
 
 // prepareWorker migrates workerSchemas in the database of src, each to its
 // version. It returns the map runWorker takes.
 func prepareWorker(ctx context.Context, src *dbconn.Source) (map[int]string, error) {
-	return prepare(ctx, src, "worker", workerSchemas())
+	schemas, err := workerSchemas()
+	if err != nil {
+		return nil, err
+	}
+	return prepare(ctx, src, "worker", schemas)
 }
 
 // WorkerSettings echoes the scenario's settings in readable units.
@@ -223,7 +230,7 @@ func runWorker(ctx context.Context, src *dbconn.Source, schemas map[int]string, 
 		return res, err
 	}
 	shareHistogramAxis(res.Runs, wcfg.LockTimeout.Milliseconds(), worker.Remaining)
-	res.Verdict = judgeWorker(res.Runs)
+	res.Verdict = judgeWorker(res.Runs, versions[len(versions)-1])
 	return res, nil
 }
 
@@ -259,9 +266,8 @@ func runWorkerVersion(ctx context.Context, src *dbconn.Source, version int, sche
 // clean: at least minWorkerFixLeases leases, no refused ack, no blocked
 // fetch, no lease dead at return, no item delivered twice, every item
 // completed exactly once or still queued. Conservation is advisory below
-// the fix.
-func judgeWorker(runs []workerRun) WorkerVerdict {
-	_, fix := WorkerVersions()
+// the fix, the newest version run.
+func judgeWorker(runs []workerRun, fix int) WorkerVerdict {
 	j := newJudgement()
 	for _, r := range runs {
 		s := r.Summary
@@ -328,7 +334,7 @@ func printWorkerTable(w io.Writer, res WorkerResult) error {
 	if c := res.Calibration; c != nil {
 		lock += fmt.Sprintf(" (uncontended cycle %.1f ms)", c.CycleMs)
 	}
-	bug, fix := WorkerVersions()
+	bug, fix := versionsRun(res.Runs)
 	err := printSideBySide(w, header, rows, res.Verdict, runLabel(bug, ""), runLabel(fix, ""),
 		fmt.Sprintf("%d runtimes x %d slots, %d items, %d sessions, %s, clocks -%d..+%d ms, %.0f s per version",
 			s.Runtimes, s.Slots, s.Items, s.Sessions, lock, s.SkewBehindMs, s.SkewAheadMs, s.DurationS))
@@ -367,7 +373,7 @@ func workerMarkdown(res WorkerResult) string {
 		fmt.Fprintf(&b, "v%d (%s): %d leases, %d dead at return\n\n```\n%s```\n\n", r.Version, r.Schema, r.Summary.Fetches,
 			r.Summary.DeadAtReturn, TextHistogram(r.Histogram, 40))
 	}
-	bug, fix := WorkerVersions()
+	bug, fix := versionsRun(res.Runs)
 	writeVerdictMarkdown(&b, res.Verdict, runLabel(bug, ""), runLabel(fix, ""))
 	return b.String()
 }

@@ -24,7 +24,8 @@ func TestWorkerMinimalShowsBothSymptomsBeforeTheFixAndNeitherAfter(t *testing.T)
 	db, err := srv.CreateDatabase(ctx, "worker_minimal_", "")
 	require.NoError(t, err)
 	src := testdb.MustSource(t, srv.DSN(db))
-	bug, fix := repro.WorkerVersions()
+	bug, fix, verr := repro.WorkerVersions()
+	require.NoError(t, verr)
 	require.Less(t, bug, fix)
 
 	run := func(v int) repro.WorkerMinimalResult {

@@ -8,9 +8,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/duroxide-pg/migrations/internal/packfacts"
+
 	"github.com/stretchr/testify/require"
 
-	migrations "github.com/duroxide-pg/migrations"
 	"github.com/duroxide-pg/migrations/harness/ops/migrate"
 	"github.com/duroxide-pg/migrations/internal/dbconn"
 	"github.com/duroxide-pg/migrations/internal/sim/simconfig"
@@ -69,7 +70,8 @@ func itoa(v int64) string {
 }
 
 func TestSixteenWorkersAtTheFixCompleteEveryItemExactlyOnce(t *testing.T) {
-	_, fix := migrations.WorkerFix()
+	_, fix, verr := packfacts.WorkerFix()
+	require.NoError(t, verr)
 	src := database(t, fix)
 	cfg := worker.Config{
 		Run:      simconfig.Run{Schema: schemaOf(fix), LockTimeout: 5 * time.Second, Duration: time.Minute},
