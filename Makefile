@@ -26,7 +26,7 @@ ifneq ($(strip $(MATRIX_MAJORS)),)
 	OUT='$(OUT)' MATRIX_TESTS=quick scripts/pg-matrix.sh $(MATRIX_MAJORS)
 endif
 
-repro: upstream ## show the bugs and the fixes on a throwaway PostgreSQL: orchestration fetch and the real runtime (held key, pool wait) on upstream's schema, upstream's candidate fix and the pack's latest; worker queue before and after its fixes (migrations.WorkerFix)
+repro: upstream ## show the bugs and the fixes on a throwaway PostgreSQL: orchestration fetch and the real runtime (held key, pool wait) on upstream's schema, upstream's candidate fix and the pack's latest; worker queue before and after its fixes (packfacts.WorkerFix)
 	@mkdir -p $(OUT)
 	$(LAB) repro all --report $(OUT) --json $(OUT)/repro.json
 

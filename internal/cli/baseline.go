@@ -24,7 +24,7 @@ func runBaseline(ctx context.Context, env *Env, args []string) error {
 	if len(pos) != 0 {
 		return Usagef("baseline takes no arguments, got %q (e.g. `harness baseline --dsn DSN --schema duroxide --dry-run`)", pos[0])
 	}
-	if err := t.resolve(); err != nil {
+	if err := t.resolve(env); err != nil {
 		return err
 	}
 	db, err := t.connect(ctx)

@@ -96,17 +96,32 @@ func TestBadInputExitsWithCode2AndOneLine(t *testing.T) {
 	}
 }
 
-func TestEnvironmentFromGooseYAML(t *testing.T) {
+// The settings file, harness.yaml, names environments; its old name,
+// goose.yaml, is still read, with one deprecation line on stderr.
+func TestEnvironmentFromTheSettingsFile(t *testing.T) {
 	srv := startServer(t)
 	name, err := srv.CreateDatabase(context.Background(), "cli_", "")
 	require.NoError(t, err)
-	dir := t.TempDir()
-	cfg := filepath.Join(dir, "goose.yaml")
-	require.NoError(t, os.WriteFile(cfg, []byte("schema: fromfile\nenvironments:\n  test:\n    dsn_env: CLI_TEST_DSN\n"), 0o644))
 	t.Setenv("CLI_TEST_DSN", srv.DSN(name))
-	code, out, errOut := run(t, "migrate", "up", "--config", cfg, "--env", "test", "--to", "3")
+	settings := []byte("schema: fromfile\nenvironments:\n  test:\n    dsn_env: CLI_TEST_DSN\n")
+
+	t.Chdir(t.TempDir())
+	require.NoError(t, os.WriteFile("harness.yaml", settings, 0o644))
+	code, out, errOut := run(t, "migrate", "up", "--env", "test", "--to", "3")
 	require.Equal(t, ExitOK, code, errOut)
 	require.Contains(t, out, "now at version 3 (schema fromfile)")
+	require.Empty(t, errOut)
+
+	require.NoError(t, os.Rename("harness.yaml", "goose.yaml"))
+	code, out, errOut = run(t, "migrate", "up", "--env", "test", "--to", "4")
+	require.Equal(t, ExitOK, code, errOut)
+	require.Contains(t, out, "now at version 4 (schema fromfile)")
+	require.Equal(t, "harness: deprecated: goose.yaml: the settings file's old name, still read; rename it harness.yaml (goose itself never reads it)\n", errOut)
+
+	require.NoError(t, os.WriteFile("harness.yaml", settings, 0o644))
+	code, _, errOut = run(t, "migrate", "up", "--env", "test")
+	require.Equal(t, ExitUsage, code)
+	require.Contains(t, errOut, "both harness.yaml and goose.yaml are here")
 }
 
 func TestSQLWritesAScriptAndRefusesBadInput(t *testing.T) {

@@ -107,7 +107,7 @@ func doctorCommand(ctx context.Context, env *Env, args []string) error {
 		}
 		return exitError{code: exitCritical, msg: msg}
 	}
-	if err := t.resolve(); err != nil {
+	if err := t.resolve(env); err != nil {
 		return err
 	}
 	db, err := t.connectQualified(ctx)

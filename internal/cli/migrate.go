@@ -60,7 +60,7 @@ func runMigrate(ctx context.Context, env *Env, args []string) error {
 	if *lockRetries < 0 {
 		return Usagef("--lock-retries %d is negative: give 0 for none", *lockRetries)
 	}
-	if err := t.resolve(); err != nil {
+	if err := t.resolve(env); err != nil {
 		return err
 	}
 	if err := t.checkTo(version, action == "down"); err != nil {

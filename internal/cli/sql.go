@@ -41,7 +41,7 @@ func runSQL(ctx context.Context, env *Env, args []string) error {
 	case down:
 		return Usagef("sql down needs --to N, the version to roll back to")
 	}
-	if err := t.resolve(); err != nil {
+	if err := t.resolve(env); err != nil {
 		return err
 	}
 	if *to != "" {

@@ -13,8 +13,8 @@ import (
 	"github.com/duroxide-pg/migrations/internal/dbconn"
 )
 
-// target is where a command acts: a DSN and a schema, from flags or
-// goose.yaml.
+// target is where a command acts: a DSN and a schema, from flags or the
+// settings file (harness.yaml).
 type target struct {
 	configPath, dsn, env, schema, role string
 	// schemaSet and roleSet: the flag was given (even as "").
@@ -27,18 +27,22 @@ type target struct {
 
 func (t *target) register(fs *flag.FlagSet) {
 	t.flags = fs
-	fs.StringVar(&t.configPath, "config", "", "settings file (default ./goose.yaml when present)")
+	fs.StringVar(&t.configPath, "config", "", "settings file (default ./harness.yaml when present, else ./goose.yaml, its old name)")
 	fs.StringVar(&t.dsn, "dsn", "", "PostgreSQL DSN (postgres://user:pass@host:port/db)")
-	fs.StringVar(&t.env, "env", "", "environment name from goose.yaml instead of --dsn")
-	fs.StringVar(&t.schema, "schema", "", "target schema (default from goose.yaml, else duroxide)")
+	fs.StringVar(&t.env, "env", "", "environment name from the settings file instead of --dsn")
+	fs.StringVar(&t.schema, "schema", "", "target schema (default from the settings file, else duroxide)")
 	fs.StringVar(&t.role, "role", "", "act as this role (SET ROLE) on every connection: the owner of the schema's objects")
 }
 
-// resolve fills dsn, src and schema: the DSN is parsed here, once.
-func (t *target) resolve() error {
+// resolve fills dsn, src and schema: the DSN is parsed here, once. A
+// settings file under its old name is said on env's stderr.
+func (t *target) resolve(env *Env) error {
 	cfg, err := config.Load(t.configPath)
 	if err != nil {
 		return Usagef("%v", err)
+	}
+	if d := cfg.Deprecation(); d != "" {
+		fmt.Fprintf(env.Stderr, "%s: deprecated: %s\n", env.Program, d)
 	}
 	t.cfg = cfg
 	if t.dsn != "" && t.env != "" {
@@ -51,7 +55,7 @@ func (t *target) resolve() error {
 		}
 	}
 	if t.dsn == "" {
-		return Usagef("no database: give --dsn postgres://user@host:5432/db or --env NAME (from goose.yaml)")
+		return Usagef("no database: give --dsn postgres://user@host:5432/db or --env NAME (from %s)", cfg.Name())
 	}
 	if t.src, err = dbconn.Parse(t.dsn); err != nil {
 		return Usagef("%s", oneLine(err.Error()))
@@ -66,19 +70,19 @@ func (t *target) resolve() error {
 	switch {
 	case t.schemaSet:
 	case envSchema != "":
-		t.schema, schemaFrom = envSchema, fmt.Sprintf("the schema of environment %s (goose.yaml)", t.env)
+		t.schema, schemaFrom = envSchema, fmt.Sprintf("the schema of environment %s (%s)", t.env, cfg.Name())
 	case cfg.Schema != "":
-		t.schema, schemaFrom = cfg.Schema, "the schema of goose.yaml"
+		t.schema, schemaFrom = cfg.Schema, "the schema of " + cfg.Name()
 	default:
 		t.schema = migrate.DefaultSchema
 	}
-	return checkNames(schemaFrom, t.schema, t.role, t.roleSet, t.cfg.VersionTable)
+	return checkNames(schemaFrom, t.schema, t.role, t.roleSet, t.cfg.VersionTable, cfg.Name())
 }
 
 // checkNames refuses, as bad input, a schema, role or version table name
 // the commands cannot act on as given (migrate.CheckName): before anything
 // connects.
-func checkNames(schemaFrom, schema, role string, roleSet bool, versionTable string) error {
+func checkNames(schemaFrom, schema, role string, roleSet bool, versionTable, settingsFile string) error {
 	if err := migrate.CheckName(schemaFrom, schema, false); err != nil {
 		return Usagef("%v", err)
 	}
@@ -88,7 +92,7 @@ func checkNames(schemaFrom, schema, role string, roleSet bool, versionTable stri
 		}
 	}
 	if versionTable != "" {
-		if err := migrate.CheckName("version_table (goose.yaml)", versionTable, false); err != nil {
+		if err := migrate.CheckName("version_table ("+settingsFile+")", versionTable, false); err != nil {
 			return Usagef("%v", err)
 		}
 	}
@@ -198,10 +202,10 @@ func (t *target) checkTo(version int64, down bool) error {
 	return Usagef("--to %d: version %d does not exist; give %s", version, version, allowed)
 }
 
-// checkMigrationsDir refuses to go on when goose.yaml names a migrations
+// checkMigrationsDir refuses to go on when the settings file names a migrations
 // directory whose files differ from the pack built into the harness: every
 // command applies, writes and checks the built-in pack, so that migrate,
-// sql, baseline and doctor agree; in a checkout, goose.yaml's sql/ is the
+// sql, baseline and doctor agree; in a checkout, harness.yaml's sql/ is the
 // same files unless they were edited since the harness was built.
 func (t *target) checkMigrationsDir(command string) error {
 	dir := t.cfg.MigrationsFS()
@@ -209,8 +213,8 @@ func (t *target) checkMigrationsDir(command string) error {
 		return nil
 	}
 	if diff := differingMigration(dir, migrations.FS); diff != "" {
-		return Usagef("goose.yaml's migrations_dir %s differs from the pack built into this harness (%s): harness %s uses the built-in pack only, as every command does; rebuild the harness (make build, or go run), or run it where goose.yaml does not name that directory",
-			t.cfg.MigrationsDir, diff, command)
+		return Usagef("%[4]s's migrations_dir %[1]s differs from the pack built into this harness (%[2]s): harness %[3]s uses the built-in pack only, as every command does; rebuild the harness (make build, or go run), or run it where %[4]s does not name that directory",
+			t.cfg.MigrationsDir, diff, command, t.cfg.Name())
 	}
 	return nil
 }

@@ -12,11 +12,11 @@ import (
 // runVersion prints what a DBA checks before running a copied binary: the
 // pack's version (its latest migration), the digest of the migrations
 // built into it, the build's Go version and source revision, and whether
-// goose.yaml here names a migrations directory that differs from them
+// the settings file here names a migrations directory that differs from them
 // (migrate and sql then refuse: every command uses the built-in pack).
 func runVersion(_ context.Context, env *Env, args []string) error {
 	fs := NewFlags(env, "version")
-	configPath := fs.String("config", "", "settings file (default ./goose.yaml when present)")
+	configPath := fs.String("config", "", "settings file (default ./harness.yaml when present, else ./goose.yaml, its old name)")
 	pos, err := Parse(fs, args)
 	if err != nil {
 		return err
@@ -50,9 +50,12 @@ func runVersion(_ context.Context, env *Env, args []string) error {
 	if err != nil {
 		return Usagef("%v", err)
 	}
+	if d := cfg.Deprecation(); d != "" {
+		fmt.Fprintf(env.Stderr, "%s: deprecated: %s\n", env.Program, d)
+	}
 	if dir := cfg.MigrationsFS(); dir != nil {
 		if diff := differingMigration(dir, migrations.FS); diff != "" {
-			fmt.Fprintf(env.Stdout, "note: goose.yaml's migrations_dir %s is not the built-in pack (%s): migrate and sql refuse to run here until the harness is rebuilt\n", cfg.MigrationsDir, diff)
+			fmt.Fprintf(env.Stdout, "note: %s's migrations_dir %s is not the built-in pack (%s): migrate and sql refuse to run here until the harness is rebuilt\n", cfg.Name(), cfg.MigrationsDir, diff)
 		}
 	}
 	return nil

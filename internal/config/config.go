@@ -1,6 +1,8 @@
-// Package config reads goose.yaml, the pack's own settings file (goose
-// itself reads no YAML): where the migrations are, the target schema, the
-// version table, and named environments with their DSNs.
+// Package config reads harness.yaml, the harness's settings file: where
+// the migrations are, the target schema, the version table, and named
+// environments with their DSNs. Its old name, goose.yaml, is still read
+// (with a deprecation notice): goose itself never reads it, and the name
+// said it did.
 package config
 
 import (
@@ -15,10 +17,13 @@ import (
 	"gopkg.in/yaml.v3"
 )
 
-// defaultFile is the settings file looked for in the working directory.
-const defaultFile = "goose.yaml"
+// DefaultFile is the settings file looked for in the working directory.
+const DefaultFile = "harness.yaml"
 
-// Config is the content of goose.yaml.
+// oldFile is DefaultFile's former name, read when DefaultFile is absent.
+const oldFile = "goose.yaml"
+
+// Config is the content of the settings file.
 type Config struct {
 	// MigrationsDir, relative to the file, holds the SQL migrations (the
 	// stock goose CLI's directory). The harness applies the copy built
@@ -34,7 +39,10 @@ type Config struct {
 	// `dsn_env`, the variable holding it.
 	Environments map[string]Environment `yaml:"environments"`
 
-	dir string // directory of the file, for relative paths
+	dir  string // directory of the file, for relative paths
+	name string // the file's name, for messages ("" when none was read)
+	// deprecation says the file goes by its old name ("" when not).
+	deprecation string
 }
 
 // Environment is one named database.
@@ -44,12 +52,22 @@ type Environment struct {
 	Schema string `yaml:"schema"`
 }
 
-// Load reads path. A missing file at the default path is not an error: the
-// zero Config (all defaults) is returned.
+// Load reads path, or without one DefaultFile in the working directory, or
+// its old name there. A missing file at the default path is not an error:
+// the zero Config (all defaults) is returned. Both names in the working
+// directory are an error: which settings apply would be a guess.
 func Load(path string) (*Config, error) {
 	explicit := path != ""
 	if !explicit {
-		path = defaultFile
+		path = DefaultFile
+		_, errNew := os.Stat(DefaultFile)
+		_, errOld := os.Stat(oldFile)
+		switch {
+		case errNew == nil && errOld == nil:
+			return nil, fmt.Errorf("both %s and %s are here: %s is the settings file, %s its old name; keep one", DefaultFile, oldFile, DefaultFile, oldFile)
+		case errors.Is(errNew, fs.ErrNotExist) && errOld == nil:
+			path = oldFile
+		}
 	}
 	b, err := os.ReadFile(path)
 	if errors.Is(err, fs.ErrNotExist) && !explicit {
@@ -64,9 +82,25 @@ func Load(path string) (*Config, error) {
 	if err := dec.Decode(&c); err != nil {
 		return nil, fmt.Errorf("parse %s: %w", path, err)
 	}
-	c.dir = filepath.Dir(path)
+	c.dir, c.name = filepath.Dir(path), filepath.Base(path)
+	if c.name == oldFile {
+		c.deprecation = fmt.Sprintf("%s: the settings file's old name, still read; rename it %s (goose itself never reads it)", path, DefaultFile)
+	}
 	return &c, nil
 }
+
+// Name is the settings file's name for messages: the file read, or
+// DefaultFile when none was.
+func (c *Config) Name() string {
+	if c.name == "" {
+		return DefaultFile
+	}
+	return c.name
+}
+
+// Deprecation is a line to show when the file goes by its old name, else
+// "".
+func (c *Config) Deprecation() string { return c.deprecation }
 
 // MigrationsFS returns the migrations directory as a file system when the
 // file names one that exists, else nil (use the embedded pack).
@@ -93,7 +127,7 @@ func (c *Config) DSN(name string) (dsn, schema string, err error) {
 			names = append(names, n)
 		}
 		sort.Strings(names)
-		return "", "", fmt.Errorf("no environment %q in goose.yaml (have: %s)", name, strings.Join(names, ", "))
+		return "", "", fmt.Errorf("no environment %q in %s (have: %s)", name, c.Name(), strings.Join(names, ", "))
 	}
 	switch {
 	case env.DSNEnv != "":
