@@ -157,7 +157,7 @@ func TestRealRuntimeScenarios(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			runs[i], errs[i] = p.RunRuntime(context.Background(), src, upstream.Run{
+			runs[i], errs[i] = p.RunRuntime(context.Background(), src, upstream.RuntimeRun{
 				Schema: schema.name,
 				Runtime: upstream.RuntimeOptions{OrchestrationConcurrency: 4, WorkerConcurrency: 8,
 					WorkerTagFilter: "defaultAnd", WorkerTagFilterTags: []string{"gpu"}},

@@ -172,7 +172,7 @@ func TestRealRuntimeNeedsSessionModeBehindPgBouncer(t *testing.T) {
 	p := upstream.Require(t)
 	db := dbs.New(t, 0)
 	bouncer := pgtest.RequirePgBouncer(t, dbs.Server(), "transaction")
-	res, err := p.RunRuntime(context.Background(), db.Source, upstream.Run{
+	res, err := p.RunRuntime(context.Background(), db.Source, upstream.RuntimeRun{
 		Schema: "duroxide", Via: bouncer.RuntimeDSN(db.Name), Wait: 10 * time.Second,
 		Scenarios: []upstream.Scenario{{Name: "faultLoad", Count: 20}},
 	})

@@ -72,7 +72,7 @@ func (t *target) resolve(env *Env) error {
 	case envSchema != "":
 		t.schema, schemaFrom = envSchema, fmt.Sprintf("the schema of environment %s (%s)", t.env, cfg.Name())
 	case cfg.Schema != "":
-		t.schema, schemaFrom = cfg.Schema, "the schema of " + cfg.Name()
+		t.schema, schemaFrom = cfg.Schema, "the schema of "+cfg.Name()
 	default:
 		t.schema = migrate.DefaultSchema
 	}

@@ -85,7 +85,7 @@ func RunBulk(ctx context.Context, p *upstream.Provider, src *dbconn.Source, side
 				return
 			default:
 			}
-			res, err := p.RunRuntime(ctx, src, upstream.Run{
+			res, err := p.RunRuntime(ctx, src, upstream.RuntimeRun{
 				Schema: live, Prefix: fmt.Sprintf("live-%d-", n), Wait: 2 * time.Minute,
 				Scenarios: []upstream.Scenario{{Name: "faultLoad", Key: "live", Count: 20, DelayMs: 100}},
 			})
@@ -185,7 +185,7 @@ func bulkSteps(p *upstream.Provider, src *dbconn.Source, conn *pgx.Conn, s Side,
 		FROM generate_series(1, %d) g`, q("orchestrator_queue"), b.QueueMessages)
 	return []bulkStep{
 		{fmt.Sprintf("a turn starts %d sub-orchestrations (the runtime)", b.Children), func(ctx context.Context) (string, error) {
-			res, err := p.RunRuntime(ctx, src, upstream.Run{
+			res, err := p.RunRuntime(ctx, src, upstream.RuntimeRun{
 				Schema: s.Schema, Prefix: "bulk-", Wait: b.Deadline, ApplicationName: bulkApp(s),
 				Runtime:   upstream.RuntimeOptions{OrchestrationConcurrency: 8},
 				Scenarios: []upstream.Scenario{{Name: "spawn", Key: "spawner", Count: b.Children}},
@@ -207,7 +207,7 @@ func bulkSteps(p *upstream.Provider, src *dbconn.Source, conn *pgx.Conn, s Side,
 			SELECT 'bulk-done-' || g, e, CASE e WHEN 1 THEN 'ContinuedAsNew' ELSE 'Completed' END, 'done', now() - interval '1 hour', now() - interval '1 minute'
 			FROM generate_series(1, %[3]d) g, generate_series(1, 2) e`, q("instances"), q("executions"), b.Instances))},
 		{"the client prunes their executions and deletes them (pruneExecutionsBulk, deleteInstanceBulk)", func(ctx context.Context) (string, error) {
-			res, err := p.RunRuntime(ctx, src, upstream.Run{
+			res, err := p.RunRuntime(ctx, src, upstream.RuntimeRun{
 				Schema: s.Schema, Prefix: "bulk-client-", Wait: b.Deadline, ApplicationName: bulkApp(s),
 				Scenarios: []upstream.Scenario{{Name: "clientBulk", Key: "client", Count: b.Instances + b.Children + 1}},
 			})

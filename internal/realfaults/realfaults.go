@@ -200,7 +200,7 @@ func Run(ctx context.Context, p *upstream.Provider, target Target, sides []Side,
 		results[i] = make([]*upstream.RuntimeResult, len(clocks))
 		errs[i] = make([]error, len(clocks))
 		for j := range clocks {
-			run := upstream.Run{
+			run := upstream.RuntimeRun{
 				Schema: s.Schema, Runtime: load.Runtime, ApplicationName: apps[i], Env: env[j], Via: target.Via,
 				Prefix: "faults-", Wait: load.Deadline, ActivityRuns: true,
 				Scenarios: []upstream.Scenario{{

@@ -154,8 +154,8 @@ func UnreleasedAt(v int64) (Unreleased, bool) {
 	return Unreleased{}, false
 }
 
-// UpstreamVersions lists the upstream versions with fingerprints, ascending.
-func UpstreamVersions() []int64 {
+// FingerprintedVersions lists the upstream versions with fingerprints, ascending.
+func FingerprintedVersions() []int64 {
 	entries, _ := fs.ReadDir(upstreamFS, "upstream")
 	var out []int64
 	for _, e := range entries {
@@ -208,8 +208,8 @@ func droppedFunctions(section string) map[string]bool {
 	return out
 }
 
-// Definition says what one installed function definition is.
-type Definition struct {
+// Provenance says what one installed function definition is.
+type Provenance struct {
 	// Label names the definition for people: "upstream 20, 21, 23",
 	// "pack, as upstream 19", "pack 0021 fix, upstream 20 behaviour".
 	Label string `json:"definition"`
@@ -220,15 +220,15 @@ type Definition struct {
 	BehavesAs int64 `json:"behaves_as,omitempty"`
 }
 
-// Known lists every definition of function name that the pack's fix
+// GuardTable lists every definition of function name that the pack's fix
 // migrations recognise (the rows of their guard tables), by fingerprint.
 // It is empty for a function no fix migration touches.
-func Known(name string) map[string]Definition {
-	out := map[string]Definition{}
+func GuardTable(name string) map[string]Provenance {
+	out := map[string]Provenance{}
 	for _, m := range migrations.MustPack() {
 		for _, k := range m.Known {
 			if k.Function == name {
-				out[k.Fingerprint] = Definition{Label: k.Definition, Fixed: k.Fixed, BehavesAs: k.BehavesAs}
+				out[k.Fingerprint] = Provenance{Label: k.Definition, Fixed: k.Fixed, BehavesAs: k.BehavesAs}
 			}
 		}
 	}
@@ -238,20 +238,20 @@ func Known(name string) map[string]Definition {
 // Identify says what f is, from the guard tables of the fix migrations
 // first, then upstream's texts at every version and the pack's ports. ok is
 // false for a definition nobody knows (a hand edit, a newer upstream).
-func Identify(f Function) (Definition, bool) {
-	for fp, d := range Known(f.Name) {
+func Identify(f Function) (Provenance, bool) {
+	for fp, d := range GuardTable(f.Name) {
 		if f.Matches(fp) {
 			return d, true
 		}
 	}
 	var upstream []int64
-	for _, v := range UpstreamVersions() {
+	for _, v := range FingerprintedVersions() {
 		if fps, err := Upstream(v); err == nil && f.Matches(fps[f.Identity]) {
 			upstream = append(upstream, v)
 		}
 	}
 	if len(upstream) > 0 {
-		return Definition{Label: "upstream " + joinVersions(upstream), BehavesAs: upstream[0]}, true
+		return Provenance{Label: "upstream " + joinVersions(upstream), BehavesAs: upstream[0]}, true
 	}
 	var pack []int64
 	for _, v := range migrations.UpstreamVersions() {
@@ -260,9 +260,9 @@ func Identify(f Function) (Definition, bool) {
 		}
 	}
 	if len(pack) > 0 {
-		return Definition{Label: "pack, as upstream " + joinVersions(pack), BehavesAs: pack[0]}, true
+		return Provenance{Label: "pack, as upstream " + joinVersions(pack), BehavesAs: pack[0]}, true
 	}
-	return Definition{}, false
+	return Provenance{}, false
 }
 
 // FixedFrom reports whether f is the definition of its function that a fix
@@ -295,7 +295,7 @@ func Allowed(f Function, upstream int64) bool {
 	if f.Matches(PackTexts(upstream)[f.Name]) {
 		return true
 	}
-	known := Known(f.Name)
+	known := GuardTable(f.Name)
 	want, ok := known[fps[f.Identity]]
 	if !ok {
 		return false

@@ -54,8 +54,8 @@ func TestGuardRowsAreWhatTheySay(t *testing.T) {
 func TestEveryFixKnowsUpstreamsDefinitionAtEveryVersionFrom19(t *testing.T) {
 	for _, m := range migrations.Fixes() {
 		for _, fn := range m.Fixes {
-			known := fingerprint.Known(fn)
-			for _, v := range fingerprint.UpstreamVersions() {
+			known := fingerprint.GuardTable(fn)
+			for _, v := range fingerprint.FingerprintedVersions() {
 				if v < 19 {
 					continue
 				}

@@ -64,17 +64,17 @@ func WorkerVersions() (bug, fix int64, err error) { return packfacts.WorkerFix()
 
 // Scenario names (also the JSON values).
 const (
-	backlog   = "backlog"
-	Hot       = "hot"
-	queueOnly = "queue_only"
-	Migrate   = "migrate"
-	Worker    = "worker"
-	scale     = "scale"
+	backlog         = "backlog"
+	ScenarioHot     = "hot"
+	queueOnly       = "queue_only"
+	ScenarioMigrate = "migrate"
+	ScenarioWorker  = "worker"
+	scale           = "scale"
 )
 
 // allScenarios lists every scenario in the order a round runs them.
 func allScenarios() []string {
-	return []string{backlog, Hot, queueOnly, Migrate, Worker, scale, Runtime}
+	return []string{backlog, ScenarioHot, queueOnly, ScenarioMigrate, ScenarioWorker, scale, ScenarioRuntime}
 }
 
 // Config is a benchmark run. Zero fields take Defaults' values, except the
@@ -260,10 +260,10 @@ func (c Config) Validate() error {
 	switch {
 	case c.CalibrateHotLockTimeout && c.HotLockTimeout != 0:
 		return fmt.Errorf("bench: HotLockTimeout %v with CalibrateHotLockTimeout: give one", c.HotLockTimeout)
-	case c.has(Hot) && !c.CalibrateHotLockTimeout && c.HotLockTimeout < time.Millisecond:
+	case c.has(ScenarioHot) && !c.CalibrateHotLockTimeout && c.HotLockTimeout < time.Millisecond:
 		return fmt.Errorf("bench: HotLockTimeout %v: give at least 1ms, or CalibrateHotLockTimeout", c.HotLockTimeout)
 	}
-	if c.has(Runtime) {
+	if c.has(ScenarioRuntime) {
 		if err := c.validateRuntime(); err != nil {
 			return err
 		}
@@ -299,7 +299,7 @@ type Cell struct {
 
 // Name is the cell's short name ("backlog N=8").
 func (c *Cell) Name() string {
-	if c.Scenario == Migrate {
+	if c.Scenario == ScenarioMigrate {
 		return "migrate Up 0->N"
 	}
 	return fmt.Sprintf("%s N=%d", c.Scenario, c.Dispatchers)
@@ -360,7 +360,7 @@ func settingsOf(c Config) Settings {
 func (r *Result) Cell(scenario string, n int) *Cell {
 	for i := range r.Cells {
 		c := &r.Cells[i]
-		if c.Scenario == scenario && (scenario == Migrate || c.Dispatchers == n) {
+		if c.Scenario == scenario && (scenario == ScenarioMigrate || c.Dispatchers == n) {
 			return c
 		}
 	}
@@ -383,22 +383,22 @@ func (c Config) Steps() int {
 	if c.has(backlog) {
 		per += 2 * len(c.BacklogDispatchers)
 	}
-	if c.has(Hot) {
+	if c.has(ScenarioHot) {
 		per += 2
 	}
 	if c.has(queueOnly) {
 		per += 3 * len(c.QueueDispatchers)
 	}
-	if c.has(Migrate) {
+	if c.has(ScenarioMigrate) {
 		per += 2
 	}
-	if c.has(Worker) {
+	if c.has(ScenarioWorker) {
 		per += c.workerSteps()
 	}
 	if c.has(scale) {
 		per += 2 * len(scaleCells(c, 0, 0))
 	}
-	if c.has(Runtime) {
+	if c.has(ScenarioRuntime) {
 		per += len(runtimeSides()) * len(runtimeCells(c))
 	}
 	return per * c.Rounds
@@ -481,7 +481,7 @@ func Run(ctx context.Context, srv Databases, cfg Config, progress func(Progress)
 		return nil
 	}
 	bugVersion, fixVersion, err := Versions()
-	if err != nil && (cfg.has(backlog) || cfg.has(Hot) || cfg.has(queueOnly) || cfg.has(Migrate)) {
+	if err != nil && (cfg.has(backlog) || cfg.has(ScenarioHot) || cfg.has(queueOnly) || cfg.has(ScenarioMigrate)) {
 		return res, err
 	}
 	versions := map[string]int64{sideBefore: bugVersion, sideAfter: fixVersion}
@@ -492,8 +492,8 @@ func Run(ctx context.Context, srv Databases, cfg Config, progress func(Progress)
 				return res, err
 			}
 		}
-		if cfg.has(Hot) {
-			if err := prep(Hot, side, versions[side], hotConfig(cfg), false); err != nil {
+		if cfg.has(ScenarioHot) {
+			if err := prep(ScenarioHot, side, versions[side], hotConfig(cfg), false); err != nil {
 				return res, err
 			}
 		}
@@ -509,9 +509,9 @@ func Run(ctx context.Context, srv Databases, cfg Config, progress func(Progress)
 		}
 	}
 
-	if cfg.has(Hot) && cfg.CalibrateHotLockTimeout {
+	if cfg.has(ScenarioHot) && cfg.CalibrateHotLockTimeout {
 		progress(Progress{Steps: cfg.Steps(), Rounds: cfg.Rounds, Label: "calibrating the hot lock timeout", Elapsed: time.Since(start)})
-		cal, err := calibrateHot(ctx, src, schemas[key{Hot, sideBefore}], cfg)
+		cal, err := calibrateHot(ctx, src, schemas[key{ScenarioHot, sideBefore}], cfg)
 		if err != nil {
 			return res, err
 		}
@@ -521,7 +521,7 @@ func Run(ctx context.Context, srv Databases, cfg Config, progress func(Progress)
 	}
 
 	var wb *workerBench
-	if cfg.has(Worker) {
+	if cfg.has(ScenarioWorker) {
 		if wb, err = newWorkerBench(ctx, src, cfg); err != nil {
 			return res, err
 		}
@@ -547,8 +547,8 @@ func Run(ctx context.Context, srv Databases, cfg Config, progress func(Progress)
 				}
 			}
 		}
-		if cfg.has(Hot) {
-			if err := dispatchCell(round, Hot, cfg.HotDispatchers, hotConfig(cfg)); err != nil {
+		if cfg.has(ScenarioHot) {
+			if err := dispatchCell(round, ScenarioHot, cfg.HotDispatchers, hotConfig(cfg)); err != nil {
 				return res, err
 			}
 		}
@@ -566,8 +566,8 @@ func Run(ctx context.Context, srv Databases, cfg Config, progress func(Progress)
 				c.record(round, sideBare, sample)
 			}
 		}
-		if cfg.has(Migrate) {
-			c := cellOf[(&Cell{Scenario: Migrate}).Name()]
+		if cfg.has(ScenarioMigrate) {
+			c := cellOf[(&Cell{Scenario: ScenarioMigrate}).Name()]
 			err := c.runRound(round, c.Name(), note, func(side string) (Sample, error) {
 				ms, err := timeMigration(ctx, srv, c.Version(side))
 				return Sample{WallMs: fp(ms)}, err
@@ -590,7 +590,7 @@ func Run(ctx context.Context, srv Databases, cfg Config, progress func(Progress)
 			return res, err
 		}
 	}
-	if cfg.has(Runtime) {
+	if cfg.has(ScenarioRuntime) {
 		if res.Runtime, err = runRuntime(ctx, src, cfg, cpu, note); err != nil {
 			return res, err
 		}
@@ -615,8 +615,8 @@ func cells(cfg Config, before, after int64) []Cell {
 				LockTimeoutMs: cfg.BacklogLockTimeout.Milliseconds(), DurationS: dur, Comparison: cmp})
 		}
 	}
-	if cfg.has(Hot) {
-		out = append(out, Cell{Scenario: Hot, Dispatchers: cfg.HotDispatchers, Instances: 1, HistoryEvents: cfg.HotHistory,
+	if cfg.has(ScenarioHot) {
+		out = append(out, Cell{Scenario: ScenarioHot, Dispatchers: cfg.HotDispatchers, Instances: 1, HistoryEvents: cfg.HotHistory,
 			LockTimeoutMs: cfg.HotLockTimeout.Milliseconds(), DurationS: dur, Comparison: cmp})
 	}
 	if cfg.has(queueOnly) {
@@ -625,21 +625,21 @@ func cells(cfg Config, before, after int64) []Cell {
 				LockTimeoutMs: cfg.QueueLockTimeout.Milliseconds(), DurationS: dur, Comparison: cmp})
 		}
 	}
-	if cfg.has(Migrate) {
-		out = append(out, Cell{Scenario: Migrate, Comparison: cmp})
+	if cfg.has(ScenarioMigrate) {
+		out = append(out, Cell{Scenario: ScenarioMigrate, Comparison: cmp})
 	}
 	return out
 }
 
 func backlogConfig(cfg Config, n int) dispatch.Config {
 	return dispatch.Config{
-		Run:         simconfig.Run{LockTimeout: cfg.BacklogLockTimeout, PollInterval: cfg.PollInterval, Duration: cfg.Duration},
+		Common:      simconfig.Common{LockTimeout: cfg.BacklogLockTimeout, PollInterval: cfg.PollInterval, Duration: cfg.Duration},
 		Dispatchers: n, Instances: cfg.BacklogInstances, HistoryEvents: cfg.BacklogHistory, EventBytes: cfg.EventBytes}
 }
 
 func hotConfig(cfg Config) dispatch.Config {
 	return dispatch.Config{
-		Run:         simconfig.Run{LockTimeout: cfg.HotLockTimeout, PollInterval: cfg.PollInterval, Duration: cfg.Duration},
+		Common:      simconfig.Common{LockTimeout: cfg.HotLockTimeout, PollInterval: cfg.PollInterval, Duration: cfg.Duration},
 		Dispatchers: cfg.HotDispatchers, Instances: 1, HistoryEvents: cfg.HotHistory, EventBytes: cfg.EventBytes}
 }
 
@@ -647,7 +647,7 @@ func hotConfig(cfg Config) dispatch.Config {
 // prep then deletes: the instances run without history.
 func queueConfig(cfg Config, n int) dispatch.Config {
 	return dispatch.Config{
-		Run:         simconfig.Run{LockTimeout: cfg.QueueLockTimeout, PollInterval: cfg.PollInterval, Duration: cfg.Duration},
+		Common:      simconfig.Common{LockTimeout: cfg.QueueLockTimeout, PollInterval: cfg.PollInterval, Duration: cfg.Duration},
 		Dispatchers: n, Instances: cfg.QueueInstances, HistoryEvents: 1, EventBytes: 1}
 }
 
@@ -835,9 +835,9 @@ func evaluateTargets(r *Result) []Target {
 		ratioTarget("backlog N=8: fetch p99, after vs before", backlog, 8, "fetch_p99_ms", false, 0.5)
 		ratioTarget("backlog N=1: cycles/s, after vs before", backlog, 1, "cycles_per_s", true, 0.95)
 	}
-	ratioTarget("hot: cycles/s, after vs before", Hot, r.Settings.HotDispatchers, "cycles_per_s", true, 20)
+	ratioTarget("hot: cycles/s, after vs before", ScenarioHot, r.Settings.HotDispatchers, "cycles_per_s", true, 20)
 	hot := Target{Name: "hot: dead-on-arrival leases after the fix", Want: "0 in every round", Got: "not measured"}
-	if c := r.Cell(Hot, r.Settings.HotDispatchers); c != nil {
+	if c := r.Cell(ScenarioHot, r.Settings.HotDispatchers); c != nil {
 		if m := c.maxOver(sideAfter, "dead_on_arrival"); m != nil {
 			var per []string
 			total := 0.0

@@ -111,14 +111,14 @@ func synthetic(t *testing.T) *Result {
 	add(Cell{Scenario: backlog, Dispatchers: 8, Instances: 200, HistoryEvents: 500, LockTimeoutMs: 100},
 		[]Sample{sample(5, 300, 60), sample(6, 400, 50), sample(4, 350, 70)},
 		[]Sample{sample(100, 40, 0), sample(110, 50, 0), sample(90, 45, 0)}, nil)
-	add(Cell{Scenario: Hot, Dispatchers: 16, Instances: 1, HistoryEvents: 5000, LockTimeoutMs: 30},
+	add(Cell{Scenario: ScenarioHot, Dispatchers: 16, Instances: 1, HistoryEvents: 5000, LockTimeoutMs: 30},
 		[]Sample{sample(0, 900, 10), sample(0, 800, 12), sample(0.4, 700, 9)},
 		[]Sample{sample(20, 60, 0), sample(22, 70, 1), sample(21, 65, 0)}, nil)
 	add(Cell{Scenario: queueOnly, Dispatchers: 1, Instances: 2000, LockTimeoutMs: 100},
 		[]Sample{sample(400, 2, 0), sample(420, 2, 0), sample(410, 2, 0)},
 		[]Sample{sample(380, 2, 0), sample(390, 2, 0), sample(385, 2, 0)},
 		[]Sample{sample(900, 1, 0), sample(1000, 1, 0), sample(950, 1, 0)})
-	add(Cell{Scenario: Migrate},
+	add(Cell{Scenario: ScenarioMigrate},
 		[]Sample{{WallMs: fp(100)}, {WallMs: fp(110)}, {WallMs: fp(90)}},
 		[]Sample{{WallMs: fp(105)}, {WallMs: fp(115)}, {WallMs: fp(95)}}, nil)
 	r.Targets = evaluateTargets(r)
@@ -133,13 +133,13 @@ func TestFiguresAndTargets(t *testing.T) {
 	require.InDelta(t, 20.0, *b8.Ratio, 1e-9)
 	require.Nil(t, r.Cell(backlog, 8).Figure("wall_ms"), "a figure no side measured is left out")
 	require.Nil(t, r.Cell(backlog, 8).Figure("empty_fetch_p99_ms"))
-	hot := r.Cell(Hot, 16).Figure("cycles_per_s")
+	hot := r.Cell(ScenarioHot, 16).Figure("cycles_per_s")
 	require.Equal(t, 0.0, *hot.Before)
 	require.Nil(t, hot.Ratio)
 	q := r.Cell(queueOnly, 1).Figure("cycles_per_s")
 	require.Equal(t, 950.0, *q.Bare)
 	require.InDelta(t, 385.0/950, *q.RatioToBare, 1e-9)
-	m := r.Cell(Migrate, 0).Figure("wall_ms")
+	m := r.Cell(ScenarioMigrate, 0).Figure("wall_ms")
 	require.InDelta(t, 105.0/100, *m.Ratio, 1e-9)
 
 	byName := map[string]Target{}
@@ -229,7 +229,7 @@ func smokeConfig() Config {
 	return Config{
 		Rounds: 1, Duration: 250 * time.Millisecond, // long enough for a worker cycle on a loaded CI machine
 		// The runtime scenario has its own smoke run (TestRuntimeSmokeRun).
-		Scenarios:        slices.DeleteFunc(allScenarios(), func(s string) bool { return s == Runtime }),
+		Scenarios:        slices.DeleteFunc(allScenarios(), func(s string) bool { return s == ScenarioRuntime }),
 		BacklogInstances: 10, BacklogHistory: 20, BacklogDispatchers: []int{2},
 		HotHistory: 40, HotDispatchers: 2, HotLockTimeout: time.Second,
 		QueueInstances: 20, QueueDispatchers: []int{1},
@@ -260,7 +260,7 @@ func TestSmokeRun(t *testing.T) {
 	}
 	for _, c := range res.Cells {
 		require.NotEmpty(t, c.Figures, c.Name())
-		if c.Scenario == Migrate {
+		if c.Scenario == ScenarioMigrate {
 			require.NotNil(t, c.Figure("wall_ms").Before)
 			require.NotNil(t, c.Figure("wall_ms").After)
 			continue
@@ -271,7 +271,7 @@ func TestSmokeRun(t *testing.T) {
 	}
 	// After the fix, with an ample lock timeout, everything works.
 	for _, c := range res.Cells {
-		if c.Scenario == Migrate {
+		if c.Scenario == ScenarioMigrate {
 			continue
 		}
 		require.Greater(t, *c.Figure("cycles_per_s").After, 0.0, c.Name())

@@ -37,7 +37,7 @@ func BenchmarkFetchUncontended(b *testing.B) {
 		if err := migrateSchema(ctx, src, schema, v); err != nil {
 			b.Fatal(err)
 		}
-		if _, err := dispatch.Seed(ctx, src, dispatch.Config{Run: simconfig.Run{Schema: schema}, Instances: 1, HistoryEvents: 500, EventBytes: 250}); err != nil {
+		if _, err := dispatch.Seed(ctx, src, dispatch.Config{Common: simconfig.Common{Schema: schema}, Instances: 1, HistoryEvents: 500, EventBytes: 250}); err != nil {
 			b.Fatal(err)
 		}
 		b.Run(fmt.Sprintf("v%d", v), func(b *testing.B) {

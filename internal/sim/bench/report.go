@@ -260,11 +260,11 @@ func markdown(r *Result, plot string) string {
 	desc := map[string]string{
 		backlog: fmt.Sprintf("%d instances, one pending message and a %d-event history (~%d bytes per event) each, lock timeout %d ms; each ack enqueues the instance's next message.",
 			s.BacklogInstances, s.BacklogHistory, s.EventBytes, s.BacklogLockTimeoutMs),
-		Hot: fmt.Sprintf("one instance with a %d-event history that always has a message, %d dispatchers, lock timeout %d ms%s.",
+		ScenarioHot: fmt.Sprintf("one instance with a %d-event history that always has a message, %d dispatchers, lock timeout %d ms%s.",
 			s.HotHistory, s.HotDispatchers, s.HotLockTimeoutMs, hotCalibrationText(r)),
 		queueOnly: fmt.Sprintf("%d instances without history, lock timeout %d ms; bare: the bare single-statement dequeue (UPDATE ... WHERE id = (SELECT ... FOR UPDATE SKIP LOCKED LIMIT 1), DELETE + INSERT of the next message as the ack) on the same tables.",
 			s.QueueInstances, s.QueueLockTimeoutMs),
-		Migrate: fmt.Sprintf("wall time of Up 0 -> %d (%s column) and 0 -> %d (%s column), each on a fresh database.",
+		ScenarioMigrate: fmt.Sprintf("wall time of Up 0 -> %d (%s column) and 0 -> %d (%s column), each on a fresh database.",
 			before, sideBefore, after, sideAfter),
 	}
 	for _, sc := range allScenarios() {
@@ -299,7 +299,7 @@ func markdown(r *Result, plot string) string {
 	for i := range r.Cells {
 		c := &r.Cells[i]
 		key := "cycles_per_s"
-		if c.Scenario == Migrate {
+		if c.Scenario == ScenarioMigrate {
 			key = "wall_ms"
 		}
 		def := defByKey(dispatchFigures(), key)

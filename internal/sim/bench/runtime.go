@@ -30,8 +30,8 @@ import (
 	"github.com/duroxide-pg/migrations/internal/testenv/upstream"
 )
 
-// Runtime is the scenario's name.
-const Runtime = "runtime"
+// ScenarioRuntime is the scenario's name.
+const ScenarioRuntime = "runtime"
 
 // The runtime scenario's sides.
 const (
@@ -348,7 +348,7 @@ func runtimeRun(ctx context.Context, p *upstream.Provider, conn *pgx.Conn, src *
 		scenario = upstream.Scenario{Name: "fanout", Key: "load", Count: c.FanIn}
 	}
 	w := cpu.begin()
-	res, err := p.RunRuntime(ctx, src, upstream.Run{
+	res, err := p.RunRuntime(ctx, src, upstream.RuntimeRun{
 		Schema:    schema,
 		Runtime:   upstream.RuntimeOptions{OrchestrationConcurrency: c.OrchestrationConcurrency, WorkerConcurrency: c.WorkerConcurrency},
 		Scenarios: []upstream.Scenario{scenario},

@@ -269,12 +269,12 @@ func TestHotLockTimeoutIsCalibratedAtStart(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	cfg := smokeConfig()
-	cfg.Scenarios, cfg.HotLockTimeout, cfg.CalibrateHotLockTimeout = []string{Hot}, 0, true
+	cfg.Scenarios, cfg.HotLockTimeout, cfg.CalibrateHotLockTimeout = []string{ScenarioHot}, 0, true
 	res, err := Run(ctx, s, cfg, nil)
 	require.NoError(t, err)
 	require.NotNil(t, res.HotCalibration, "the hot lock timeout is calibrated")
 	require.Equal(t, res.HotCalibration.LockTimeoutMs, res.Settings.HotLockTimeoutMs)
-	require.Equal(t, res.HotCalibration.LockTimeoutMs, res.Cell(Hot, cfg.HotDispatchers).LockTimeoutMs, "the hot cell runs with it")
+	require.Equal(t, res.HotCalibration.LockTimeoutMs, res.Cell(ScenarioHot, cfg.HotDispatchers).LockTimeoutMs, "the hot cell runs with it")
 	var out bytes.Buffer
 	require.NoError(t, PrintTable(&out, &res))
 	require.Contains(t, out.String(), "calibrated at start like the organic repro")

@@ -75,7 +75,7 @@ func (c *WorkerCell) Name() string {
 // workerCellConfig is the simulation of one worker cell.
 func workerCellConfig(cfg Config, schema string, n, sessions int) worker.Config {
 	return worker.Config{
-		Run:      simconfig.Run{Schema: schema, LockTimeout: cfg.WorkerLockTimeout, PollInterval: cfg.PollInterval, Duration: cfg.Duration},
+		Common:   simconfig.Common{Schema: schema, LockTimeout: cfg.WorkerLockTimeout, PollInterval: cfg.PollInterval, Duration: cfg.Duration},
 		Runtimes: 1, Slots: n, Items: cfg.WorkerItems, Sessions: sessions, Refill: true, NoLeaseRead: true}
 }
 

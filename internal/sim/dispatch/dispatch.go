@@ -52,12 +52,12 @@ import (
 )
 
 // Config describes a simulation. Zero fields take the defaults of
-// WithDefaults. Its LockTimeout (simconfig.Run) is the runtime's
+// WithDefaults. Its LockTimeout (simconfig.Common) is the runtime's
 // orchestrator_lock_timeout, default 5 s (the runtime's; the organic
 // scenario uses much less), and its PollInterval is
 // dispatcher_min_poll_interval.
 type Config struct {
-	simconfig.Run
+	simconfig.Common
 	// Dispatchers is the number of dispatcher loops (orchestration workers),
 	// each with its own connection. Default 16.
 	Dispatchers int `json:"dispatchers"`
@@ -139,7 +139,7 @@ func (c Config) WithDefaults() Config {
 	defaults.Set(&c.Instances, defaultInstances)
 	defaults.Set(&c.HistoryEvents, defaultHistoryEvents)
 	defaults.Set(&c.EventBytes, defaultEventBytes)
-	c.Run = c.Run.WithDefaults(defaultLockTimeout)
+	c.Common = c.Common.WithDefaults(defaultLockTimeout)
 	defaults.Set(&c.MaxAttempts, DefaultMaxAttempts)
 	defaults.Set(&c.ShutdownGrace, defaultShutdownGrace)
 	return c
@@ -147,7 +147,7 @@ func (c Config) WithDefaults() Config {
 
 // Validate rejects a config that cannot run.
 func (c Config) Validate() error {
-	if err := c.Run.Validate(); err != nil {
+	if err := c.Common.Validate(); err != nil {
 		return fmt.Errorf("dispatch: %w", err)
 	}
 	switch {

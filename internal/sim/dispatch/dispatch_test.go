@@ -225,7 +225,7 @@ func queryRow[T any](t *testing.T, src *dbconn.Source, sql string, args ...any) 
 
 func TestSeedCreatesRunningInstances(t *testing.T) {
 	src, schema := newDB(t, 20)
-	cfg := dispatch.Config{Run: simconfig.Run{Schema: schema}, Instances: 3, HistoryEvents: 40, EventBytes: 250}
+	cfg := dispatch.Config{Common: simconfig.Common{Schema: schema}, Instances: 3, HistoryEvents: 40, EventBytes: 250}
 	info, err := dispatch.Seed(context.Background(), src, cfg)
 	require.NoError(t, err)
 	require.Equal(t, []string{"organic-0000", "organic-0001", "organic-0002"}, info.Instances)
@@ -257,7 +257,7 @@ func TestSeedCreatesRunningInstances(t *testing.T) {
 func TestNormalTurnsKeepInstancesHotAndConserveMessages(t *testing.T) {
 	src, schema := newDB(t, 20)
 	cfg := dispatch.Config{
-		Run:         simconfig.Run{Schema: schema, LockTimeout: 5 * time.Second, Duration: 1500 * time.Millisecond},
+		Common:      simconfig.Common{Schema: schema, LockTimeout: 5 * time.Second, Duration: 1500 * time.Millisecond},
 		Dispatchers: 3, Instances: 4, HistoryEvents: 20}
 	info, err := dispatch.Seed(context.Background(), src, cfg)
 	require.NoError(t, err)
@@ -313,7 +313,7 @@ func TestNormalTurnsKeepInstancesHotAndConserveMessages(t *testing.T) {
 func TestPoisonAckFailsTheOrchestrationLikeTheRuntime(t *testing.T) {
 	src, schema := newDB(t, 20)
 	cfg := dispatch.Config{
-		Run:         simconfig.Run{Schema: schema, LockTimeout: 5 * time.Second, Duration: 500 * time.Millisecond},
+		Common:      simconfig.Common{Schema: schema, LockTimeout: 5 * time.Second, Duration: 500 * time.Millisecond},
 		Dispatchers: 1, Instances: 1, HistoryEvents: 10}
 	info, err := dispatch.Seed(context.Background(), src, cfg)
 	require.NoError(t, err)
@@ -380,7 +380,7 @@ func expiredLeaseIsFailedOnce(t *testing.T, execMode string) {
 	// renewal would come after 1 s, and would extend by 0 s anyway).
 	src, schema := newDB(t, 20)
 	cfg := dispatch.Config{
-		Run:         simconfig.Run{Schema: schema, LockTimeout: 100 * time.Millisecond, Duration: 1500 * time.Millisecond},
+		Common:      simconfig.Common{Schema: schema, LockTimeout: 100 * time.Millisecond, Duration: 1500 * time.Millisecond},
 		Dispatchers: 1, Instances: 1, HistoryEvents: 10, TurnTime: 300 * time.Millisecond}
 	if execMode != "" {
 		dsn := src.DSN()
@@ -435,7 +435,7 @@ func expiredLeaseIsFailedOnce(t *testing.T, execMode string) {
 func TestRenewalKeepsALongTurnAlive(t *testing.T) {
 	src, schema := newDB(t, 20)
 	cfg := dispatch.Config{
-		Run:         simconfig.Run{Schema: schema, LockTimeout: 2 * time.Second, Duration: 2 * time.Second},
+		Common:      simconfig.Common{Schema: schema, LockTimeout: 2 * time.Second, Duration: 2 * time.Second},
 		Dispatchers: 2, Instances: 1, HistoryEvents: 10, TurnTime: 2500 * time.Millisecond}
 	_, err := dispatch.Seed(context.Background(), src, cfg)
 	require.NoError(t, err)
@@ -451,7 +451,7 @@ func TestRenewalKeepsALongTurnAlive(t *testing.T) {
 func TestRunStopsCleanlyOnCancel(t *testing.T) {
 	src, schema := newDB(t, 20)
 	cfg := dispatch.Config{
-		Run:         simconfig.Run{Schema: schema, LockTimeout: time.Second, Duration: time.Minute},
+		Common:      simconfig.Common{Schema: schema, LockTimeout: time.Second, Duration: time.Minute},
 		Dispatchers: 6, Instances: 2, HistoryEvents: 10}
 	_, err := dispatch.Seed(context.Background(), src, cfg)
 	require.NoError(t, err)
@@ -485,7 +485,7 @@ func TestVersion19LeaseDeadOnArrivalWhenTheFetchOutlastsTheTimeout(t *testing.T)
 	// fail and attempt_count climbs past max_attempts.
 	src, schema := newDB(t, 19)
 	cfg := dispatch.Config{
-		Run:         simconfig.Run{Schema: schema, LockTimeout: 10 * time.Millisecond, Duration: 2 * time.Second},
+		Common:      simconfig.Common{Schema: schema, LockTimeout: 10 * time.Millisecond, Duration: 2 * time.Second},
 		Dispatchers: 1, Instances: 1, HistoryEvents: 5000}
 	_, err := dispatch.Seed(context.Background(), src, cfg)
 	require.NoError(t, err)
@@ -524,7 +524,7 @@ func TestHooksSeeEveryCallAndACrashDropsTheLease(t *testing.T) {
 	kinds := map[dispatch.Kind]int{}
 	connects, crashes := 0, 0
 	cfg := dispatch.Config{
-		Run:         simconfig.Run{Schema: schema, LockTimeout: 300 * time.Millisecond, PollInterval: 10 * time.Millisecond, Duration: 1500 * time.Millisecond},
+		Common:      simconfig.Common{Schema: schema, LockTimeout: 300 * time.Millisecond, PollInterval: 10 * time.Millisecond, Duration: 1500 * time.Millisecond},
 		Dispatchers: 1, Instances: 1, HistoryEvents: 10,
 		Hooks: dispatch.Hooks{
 			Connect: func(ctx context.Context, _ int, c *pgx.ConnConfig) (*pgx.Conn, error) {
@@ -586,7 +586,7 @@ func TestALostConnectionIsReplacedAndTheAckRetried(t *testing.T) {
 	defer admin.Close(context.Background())
 	killed, killErr := false, error(nil)
 	cfg := dispatch.Config{
-		Run:         simconfig.Run{Schema: schema, LockTimeout: 5 * time.Second, Duration: 500 * time.Millisecond},
+		Common:      simconfig.Common{Schema: schema, LockTimeout: 5 * time.Second, Duration: 500 * time.Millisecond},
 		Dispatchers: 1, Instances: 1, HistoryEvents: 10,
 		Hooks: dispatch.Hooks{Call: func(_ int, kind dispatch.Kind, pid uint32) func(error, bool) {
 			if kind == dispatch.KindAck && !killed {
@@ -627,7 +627,7 @@ func TestRunWaitsForWhatRunsAlongsideAndReturnsItsError(t *testing.T) {
 	src, schema := newDB(t, 20)
 	finished := false
 	cfg := dispatch.Config{
-		Run:         simconfig.Run{Schema: schema, Duration: 200 * time.Millisecond},
+		Common:      simconfig.Common{Schema: schema, Duration: 200 * time.Millisecond},
 		Dispatchers: 1, Instances: 1, HistoryEvents: 10,
 		Hooks: dispatch.Hooks{During: func(ctx context.Context) error {
 			<-ctx.Done()

@@ -17,7 +17,7 @@ import (
 func fuzzConfig(dispatchers uint8, lockMs, turnMs uint16, skewMs int32, mixed bool, faultMask uint8, seed uint64) (faults.Config, faults.Checks) {
 	c := faults.Config{
 		Config: dispatch.Config{
-			Run:           simconfig.Run{LockTimeout: time.Duration(100+int(lockMs%1001)) * time.Millisecond, Duration: 1200 * time.Millisecond},
+			Common:        simconfig.Common{LockTimeout: time.Duration(100+int(lockMs%1001)) * time.Millisecond, Duration: 1200 * time.Millisecond},
 			Dispatchers:   1 + int(dispatchers%8),
 			Instances:     2,
 			HistoryEvents: 10,

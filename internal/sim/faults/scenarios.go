@@ -27,7 +27,7 @@ const defaultLockTimeout = 500 * time.Millisecond
 // instances, T = 500 ms, 20 ms turns.
 func base(d time.Duration) Config {
 	return Config{Config: dispatch.Config{
-		Run:         simconfig.Run{LockTimeout: defaultLockTimeout, Duration: d},
+		Common:      simconfig.Common{LockTimeout: defaultLockTimeout, Duration: d},
 		Dispatchers: 4, Instances: 3, HistoryEvents: 20, EventBytes: 100, TurnTime: 20 * time.Millisecond}}
 }
 

@@ -20,7 +20,7 @@ const (
 	// The bug reproduces when at least this share of leases is dead at
 	// return (and at least one ack is refused, and attempt_count exceeds
 	// max_attempts).
-	ReproDeadPct = 20.0
+	BugDeadPct = 20.0
 	// Shares are judged only over enough leases: a run with fewer fails
 	// its "leases returned" check (run it longer) rather than pass or fail
 	// on a percentage of a handful.
@@ -60,7 +60,7 @@ const (
 func OrganicDefaults() OrganicConfig {
 	return OrganicConfig{
 		Config: dispatch.Config{
-			Run: simconfig.Run{
+			Common: simconfig.Common{
 				PollInterval: 100 * time.Millisecond,
 				Duration:     10 * time.Second,
 			},
@@ -118,7 +118,7 @@ func settings(cfg dispatch.Config) OrganicSettings {
 }
 
 // organicRun is the organic scenario at one schema version.
-type organicRun = Run[dispatch.Summary, dispatch.Event]
+type organicRun = SchemaRun[dispatch.Summary, dispatch.Event]
 
 // OrganicVerdict says whether the runs show the bug below the fix and its
 // absence at the fix, and whether every run conserved its messages.
@@ -239,7 +239,7 @@ func runOrganicSide(ctx context.Context, src *dbconn.Source, side Side, cfg disp
 
 // judge applies the verdict criteria. A version below the fix must
 // reproduce the bug (over up to MaxBugSegments runs of the configured
-// duration): at least minBugLeases leases, >= ReproDeadPct% of them
+// duration): at least minBugLeases leases, >= BugDeadPct% of them
 // dead at return (expired by the database clock when the function
 // returned), >= 1 refused ack, attempt_count > max_attempts. The fix and
 // above must be clean: at least minFixLeases leases, none dead at return,
@@ -275,9 +275,9 @@ func judge(runs []organicRun) OrganicVerdict {
 		add := j.run(rl, r.Version, r.Side)
 		if rl == bugRole {
 			add("leases returned", fmt.Sprintf(">= %d", minBugLeases), fmt.Sprint(s.Fetches), s.Fetches >= minBugLeases, false)
-			add("leases dead at return", fmt.Sprintf(">= %.0f%%", ReproDeadPct),
+			add("leases dead at return", fmt.Sprintf(">= %.0f%%", BugDeadPct),
 				fmt.Sprintf("%.1f%% (%d of %d)", s.DeadAtReturnPct, s.DeadAtReturn, s.Fetches),
-				s.Fetches > 0 && s.DeadAtReturnPct >= ReproDeadPct, false)
+				s.Fetches > 0 && s.DeadAtReturnPct >= BugDeadPct, false)
 			add("acks refused with 'Invalid lock token'", ">= 1",
 				fmt.Sprint(s.InvalidLockAcks), s.InvalidLockAcks >= 1, false)
 			add("max attempt_count", fmt.Sprintf("> max_attempts (%d)", s.MaxAttempts),

@@ -90,7 +90,7 @@ func TestOrganicScenarioReproducesAtUpstreamAndIsCleanAtThePack(t *testing.T) {
 	// At upstream's latest the lease is dead on arrival on most fetches.
 	v19 := res.Side(repro.SideUpstream)
 	require.NotNil(t, v19)
-	require.GreaterOrEqual(t, v19.Summary.DeadOnArrivalPct, repro.ReproDeadPct)
+	require.GreaterOrEqual(t, v19.Summary.DeadOnArrivalPct, repro.BugDeadPct)
 	require.True(t, v19.Segments >= 1 && v19.Segments <= repro.MaxBugSegments, "v19 ran %d segments", v19.Segments)
 	// Used up at return: at upstream the lease counts from p_now_ms, minted
 	// before the wait, so most leases are used up before the row leaves.
@@ -130,7 +130,7 @@ func TestOrganicScenarioReproducesAtUpstreamAndIsCleanAtThePack(t *testing.T) {
 		candidate.Summary.ReturnAgeP50Ms, candidate.Summary.LockTimeoutMs)
 
 	// No side is refused.
-	_, err = repro.RunOrganic(context.Background(), src, nil, repro.OrganicConfig{Config: dispatch.Config{Run: simconfig.Run{Duration: time.Second}}}, nil)
+	_, err = repro.RunOrganic(context.Background(), src, nil, repro.OrganicConfig{Config: dispatch.Config{Common: simconfig.Common{Duration: time.Second}}}, nil)
 	require.ErrorContains(t, err, "no side")
 
 	// A fixed lock timeout and calibration at once is refused, not guessed.

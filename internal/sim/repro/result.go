@@ -27,7 +27,7 @@ func WorkerVersions() (bug, fix int, err error) {
 // versionsRun are the oldest and the newest version of runs (0 for none):
 // the versions a result compared, read from the result rather than from
 // the pack.
-func versionsRun[S, E any](runs []Run[S, E]) (oldest, newest int) {
+func versionsRun[S, E any](runs []SchemaRun[S, E]) (oldest, newest int) {
 	for i, r := range runs {
 		if i == 0 || r.Version < oldest {
 			oldest = r.Version
@@ -37,10 +37,10 @@ func versionsRun[S, E any](runs []Run[S, E]) (oldest, newest int) {
 	return oldest, newest
 }
 
-// Run is a scenario on one schema (a pack version, or a side of a
+// SchemaRun is a scenario on one schema (a pack version, or a side of a
 // comparison of sides): the summary S of its simulation and the events E
 // it recorded.
-type Run[S, E any] struct {
+type SchemaRun[S, E any] struct {
 	// Version is the pack's version of the schema, 0 on a side.
 	Version int `json:"version,omitempty"`
 	// Side and Made name the side the run is of (SideUpstream, ...), and
@@ -64,7 +64,7 @@ type Run[S, E any] struct {
 }
 
 // Label names the run in tables: its side, or "vN".
-func (r Run[S, E]) Label() string { return runLabel(r.Version, r.Side) }
+func (r SchemaRun[S, E]) Label() string { return runLabel(r.Version, r.Side) }
 
 func runLabel(version int, side string) string {
 	if side != "" {
@@ -102,14 +102,14 @@ type Verdict struct {
 // run per version and the verdict V. It serialises to stable snake_case
 // JSON.
 type Result[Set, Cal, S, E, V any] struct {
-	Settings    Set         `json:"settings"`
-	Calibration *Cal        `json:"calibration,omitempty"`
-	Runs        []Run[S, E] `json:"runs"`
-	Verdict     V           `json:"verdict"`
+	Settings    Set               `json:"settings"`
+	Calibration *Cal              `json:"calibration,omitempty"`
+	Runs        []SchemaRun[S, E] `json:"runs"`
+	Verdict     V                 `json:"verdict"`
 }
 
 // Run returns the run of version, or nil.
-func (r *Result[Set, Cal, S, E, V]) Run(version int) *Run[S, E] {
+func (r *Result[Set, Cal, S, E, V]) Run(version int) *SchemaRun[S, E] {
 	for i := range r.Runs {
 		if r.Runs[i].Version == version {
 			return &r.Runs[i]
@@ -119,7 +119,7 @@ func (r *Result[Set, Cal, S, E, V]) Run(version int) *Run[S, E] {
 }
 
 // Side returns the run of side key, or nil.
-func (r *Result[Set, Cal, S, E, V]) Side(key string) *Run[S, E] {
+func (r *Result[Set, Cal, S, E, V]) Side(key string) *SchemaRun[S, E] {
 	for i := range r.Runs {
 		if r.Runs[i].Side == key {
 			return &r.Runs[i]
@@ -130,8 +130,8 @@ func (r *Result[Set, Cal, S, E, V]) Side(key string) *Run[S, E] {
 
 // runEach runs the scenario at each of versions, in order, on its schema
 // of schemas, and collects the runs.
-func runEach[S, E any](versions []int, schemas map[int]string, run func(version int, schema string) (Run[S, E], error)) ([]Run[S, E], error) {
-	var out []Run[S, E]
+func runEach[S, E any](versions []int, schemas map[int]string, run func(version int, schema string) (SchemaRun[S, E], error)) ([]SchemaRun[S, E], error) {
+	var out []SchemaRun[S, E]
 	for _, v := range versions {
 		r, err := run(v, schemas[v])
 		if err != nil {
@@ -161,7 +161,7 @@ func conservation(err error) string {
 // shareHistogramAxis recomputes the runs' histograms (from their events,
 // through remaining) on one common axis, so they compare at a glance. Runs
 // without events keep theirs.
-func shareHistogramAxis[S, E any](runs []Run[S, E], timeoutMs int64, remaining func([]E) ([]int64, int)) {
+func shareHistogramAxis[S, E any](runs []SchemaRun[S, E], timeoutMs int64, remaining func([]E) ([]int64, int)) {
 	var all []int64
 	for _, r := range runs {
 		v, _ := remaining(r.Events)

@@ -255,7 +255,7 @@ func runtimeSide(ctx context.Context, src *dbconn.Source, p *upstream.Provider, 
 	done := make(chan outcome, 1)
 	wait := time.Duration(cfg.Holds+2)*cfg.Hold + 30*time.Second
 	go func() {
-		res, err := p.RunRuntime(ctx, src, upstream.Run{
+		res, err := p.RunRuntime(ctx, src, upstream.RuntimeRun{
 			Schema:    schema,
 			Runtime:   upstream.RuntimeOptions{OrchestrationConcurrency: 1, WorkerConcurrency: 1},
 			Scenarios: []upstream.Scenario{{Name: "single", InstanceID: instance}},

@@ -402,7 +402,7 @@ func runtimePoolSide(ctx context.Context, src *dbconn.Source, p *upstream.Provid
 	defer cancelRun()
 	started := time.Now()
 	go func() {
-		res, err := p.RunRuntime(runCtx, src, upstream.Run{
+		res, err := p.RunRuntime(runCtx, src, upstream.RuntimeRun{
 			Schema:  s.Schema,
 			PoolMax: cfg.PoolMax,
 			Runtime: upstream.RuntimeOptions{

@@ -34,7 +34,7 @@ func rowsOf[T any](values []T, defs []rowDef[T]) [][]string {
 
 // sideBySide is the table of runs: a header naming each run ("v19
 // (worker_v19)", "upstream (organic_upstream)"), then one row per def.
-func sideBySide[S, E any](runs []Run[S, E], defs []rowDef[S]) (header []string, rows [][]string) {
+func sideBySide[S, E any](runs []SchemaRun[S, E], defs []rowDef[S]) (header []string, rows [][]string) {
 	header = []string{""}
 	var summaries []S
 	for _, r := range runs {
@@ -106,7 +106,7 @@ func mdCell(s string) string {
 
 // runList is "v19 and v28", or "upstream, candidate and pack": the runs'
 // labels.
-func runList[S, E any](runs []Run[S, E]) string {
+func runList[S, E any](runs []SchemaRun[S, E]) string {
 	var vs []string
 	for _, r := range runs {
 		vs = append(vs, r.Label())

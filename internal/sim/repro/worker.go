@@ -54,7 +54,7 @@ const (
 func WorkerDefaults() WorkerConfig {
 	return WorkerConfig{
 		Config: worker.Config{
-			Run: simconfig.Run{
+			Common: simconfig.Common{
 				PollInterval: 100 * time.Millisecond,
 				Duration:     10 * time.Second,
 			},
@@ -179,7 +179,7 @@ func calibrateWorker(ctx context.Context, src *dbconn.Source, schema string) (Wo
 
 // workerRun is the worker scenario at one schema version; its
 // Histogram is of the remaining lease at return by the database clock.
-type workerRun = Run[worker.Summary, worker.Event]
+type workerRun = SchemaRun[worker.Summary, worker.Event]
 
 // WorkerVerdict says whether the runs show the bug before the fix and its
 // absence after.
@@ -198,7 +198,7 @@ type WorkerResult = Result[WorkerSettings, WorkerCalibration, worker.Summary, wo
 // progress, when not nil, receives one line per step.
 func runWorker(ctx context.Context, src *dbconn.Source, schemas map[int]string, cfg WorkerConfig, progress func(string)) (WorkerResult, error) {
 	progress = quiet(progress)
-	versions, err := checkSchemas(ctx, src, schemas, "worker", "PrepareWorker")
+	versions, err := checkSchemas(ctx, src, schemas, "worker", "WorkerRepro")
 	if err != nil {
 		return WorkerResult{}, err
 	}

@@ -2,7 +2,7 @@
 // (package dispatch's orchestration dispatchers and package worker's
 // activity workers) take in the same sense: the schema they run against,
 // the lock timeout they fetch with, how long they wait after an empty
-// fetch and how long they run. Each simulator's Config embeds Run, so that
+// fetch and how long they run. Each simulator's Config embeds Common, so that
 // one field means one thing, is documented once and is checked once.
 package simconfig
 
@@ -14,9 +14,9 @@ import (
 	"github.com/duroxide-pg/migrations/internal/sim/defaults"
 )
 
-// Run is what a simulated run shares with every simulator. Embedded
+// Common is what a simulated run shares with every simulator. Embedded
 // without a tag, its fields stand in a Config's JSON as the Config's own.
-type Run struct {
+type Common struct {
 	// Schema holds the duroxide-pg objects (required).
 	Schema string `json:"schema"`
 	// LockTimeout is the lock timeout the simulated runtime fetches with,
@@ -31,7 +31,7 @@ type Run struct {
 	Duration time.Duration `json:"duration_ns"`
 }
 
-// Defaults of Run's fields but LockTimeout.
+// Defaults of Common's fields but LockTimeout.
 const (
 	DefaultPollInterval = 100 * time.Millisecond
 	DefaultDuration     = 10 * time.Second
@@ -40,7 +40,7 @@ const (
 // WithDefaults fills the zero fields: LockTimeout with lockTimeout (the
 // caller's default), the others with DefaultPollInterval and
 // DefaultDuration.
-func (r Run) WithDefaults(lockTimeout time.Duration) Run {
+func (r Common) WithDefaults(lockTimeout time.Duration) Common {
 	defaults.Set(&r.LockTimeout, lockTimeout)
 	defaults.Set(&r.PollInterval, DefaultPollInterval)
 	defaults.Set(&r.Duration, DefaultDuration)
@@ -50,7 +50,7 @@ func (r Run) WithDefaults(lockTimeout time.Duration) Run {
 // Validate rejects settings no run can use: no schema, a lock timeout
 // under a millisecond, a negative poll interval or duration. Its errors name the field, not the simulator: the
 // caller wraps them with its package's name.
-func (r Run) Validate() error {
+func (r Common) Validate() error {
 	switch {
 	case r.Schema == "":
 		return errors.New("Config.Schema is empty")

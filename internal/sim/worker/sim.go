@@ -21,9 +21,9 @@ import (
 // Config describes a simulation. Zero fields of the shape (runtimes, slots,
 // items, timeouts, poll interval, duration) take the defaults of
 // WithDefaults; zero activity times, skew, sessions and tags mean none.
-// Its LockTimeout (simconfig.Run) is the worker lock timeout, default 2 s.
+// Its LockTimeout (simconfig.Common) is the worker lock timeout, default 2 s.
 type Config struct {
-	simconfig.Run
+	simconfig.Common
 	// Runtimes is the number of simulated runtimes (hosts): each has its
 	// own clock (see SkewBehind), Slots worker slots and, when Sessions >
 	// 0, one session renewal loop. Default 4.
@@ -100,7 +100,7 @@ func (c Config) WithDefaults() Config {
 	defaults.Set(&c.Runtimes, DefaultRuntimes)
 	defaults.Set(&c.Slots, defaultSlots)
 	defaults.Set(&c.Items, defaultItems)
-	c.Run = c.Run.WithDefaults(DefaultLockTimeout)
+	c.Common = c.Common.WithDefaults(DefaultLockTimeout)
 	defaults.Set(&c.SessionLockTimeout, c.LockTimeout)
 	defaults.Set(&c.SessionIdle, 4*c.SessionLockTimeout)
 	defaults.Set(&c.SessionRenewEvery, c.SessionLockTimeout/4)
@@ -113,7 +113,7 @@ func (c Config) WithDefaults() Config {
 
 // Validate rejects a config that cannot run.
 func (c Config) Validate() error {
-	if err := c.Run.Validate(); err != nil {
+	if err := c.Common.Validate(); err != nil {
 		return fmt.Errorf("worker: %w", err)
 	}
 	switch {

@@ -74,7 +74,7 @@ func TestSixteenWorkersAtTheFixCompleteEveryItemExactlyOnce(t *testing.T) {
 	require.NoError(t, verr)
 	src := database(t, fix)
 	cfg := worker.Config{
-		Run:      simconfig.Run{Schema: schemaOf(fix), LockTimeout: 5 * time.Second, Duration: time.Minute},
+		Common:   simconfig.Common{Schema: schemaOf(fix), LockTimeout: 5 * time.Second, Duration: time.Minute},
 		Runtimes: 4, Slots: 4, Items: 300, Sessions: 6, Tagged: true,
 		StopWhenDone: true, ShortActivity: 5 * time.Millisecond,
 		SkewBehind: 2 * time.Second, SkewAhead: 500 * time.Millisecond, WatchLocks: true}

@@ -62,8 +62,8 @@ type Scenario struct {
 	UntilFile string `json:"untilFile,omitempty"`
 }
 
-// Run is one run of the driver: one runtime process on one schema.
-type Run struct {
+// RuntimeRun is one run of the driver: one runtime process on one schema.
+type RuntimeRun struct {
 	Schema    string
 	Runtime   RuntimeOptions
 	Scenarios []Scenario
@@ -230,7 +230,7 @@ func (p *Provider) driver() (string, error) {
 // to the driver on its stdin, not its command line. Rows of versions the
 // addon does not know (upstream's candidate fix) are set aside while the
 // provider connects (RuntimeResult.SetAside).
-func (p *Provider) RunRuntime(ctx context.Context, src *dbconn.Source, run Run) (*RuntimeResult, error) {
+func (p *Provider) RunRuntime(ctx context.Context, src *dbconn.Source, run RuntimeRun) (*RuntimeResult, error) {
 	driver, err := p.driver()
 	if err != nil {
 		return nil, err
