@@ -3,13 +3,11 @@ package cli
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -24,18 +22,7 @@ func run(t *testing.T, args ...string) (code int, stdout, stderr string) {
 	return code, out.String(), errOut.String()
 }
 
-func startServer(t *testing.T) *pgtest.Server {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	srv, err := pgtest.Start(ctx, pgtest.OptionsFromEnv())
-	if errors.Is(err, pgtest.ErrUnavailable) {
-		t.Skipf("no PostgreSQL here: %v", err)
-	}
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = srv.Close(context.Background()) })
-	return srv
-}
+func startServer(t *testing.T) *pgtest.Server { return pgtest.RequireServer(t) }
 
 func TestMigrateUpThenVersionAndStatus(t *testing.T) {
 	srv := startServer(t)

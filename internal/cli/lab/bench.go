@@ -6,19 +6,13 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
 
-	migrations "github.com/duroxide-pg/migrations"
-	"github.com/duroxide-pg/migrations/harness/ops/migrate"
-	"github.com/duroxide-pg/migrations/internal/callcost"
 	"github.com/duroxide-pg/migrations/internal/cli"
-	"github.com/duroxide-pg/migrations/internal/dbconn"
-	"github.com/duroxide-pg/migrations/internal/migrateload"
-	"github.com/duroxide-pg/migrations/internal/planshape"
 	"github.com/duroxide-pg/migrations/internal/sim/bench"
-	"github.com/duroxide-pg/migrations/internal/sim/orch"
 	"github.com/duroxide-pg/migrations/internal/testenv/pgtest"
 	"github.com/duroxide-pg/migrations/internal/testenv/upstream"
 )
@@ -39,21 +33,23 @@ func runBench(ctx context.Context, env *cli.Env, args []string) error {
 	rounds := fs.Int("rounds", def.Rounds, "rounds per cell and version (at least 3)")
 	duration := fs.Duration("duration", def.Duration, "run time of one cell, per version and round")
 	rprev, rlatest := bench.RuntimeVersions()
+	own := ownScenarios()
+	var ownHelp []string
+	for _, s := range own {
+		ownHelp = append(ownHelp, fmt.Sprintf("%s (%s; not run unless named)", s.name(), s.summary()))
+	}
 	scenarios := fs.String("scenarios", strings.Join(def.Scenarios, ","), fmt.Sprintf(
-		"scenarios to run: backlog, hot, queue-only, migrate (%s), worker (%s), scale (%s), runtime (the real runtime: upstream's schema against %d and %d), migrate-load (migrate up to the latest while a writer enqueues: not run unless named), plans (rows a queue read reads, call after call: upstream's schema and the latest; not run unless named), calls (where a call's server time goes, uncontended: upstream's schema, the latest and its variants; not run unless named)",
-		pairOf(bench.Versions()), pairOf(bench.WorkerVersions()), pairOf(bench.ScaleVersions()), rprev, rlatest))
+		"scenarios to run: backlog, hot, queue-only, migrate (%s), worker (%s), scale (%s), runtime (the real runtime: upstream's schema against %d and %d), %s",
+		pairOf(bench.Versions()), pairOf(bench.WorkerVersions()), pairOf(bench.ScaleVersions()), rprev, rlatest, strings.Join(ownHelp, ", ")))
 	hotLock := fs.Duration("hot-lock-timeout", def.HotLockTimeout, "hot scenario's lock timeout; 0: calibrated at start like the organic repro")
 	scaleBlocked := fs.String("scale-blocked", joinInts(def.ScaleBlocked), "scale: blocked message counts K, comma-separated")
 	scaleCompleted := fs.String("scale-completed", joinInts(def.ScaleCompleted), "scale: completed instance counts, comma-separated")
 	scaleCalls := fs.Int("scale-calls", def.ScaleCalls, "scale: fetch calls per figure on one session (at least 7)")
 	scaleIdle := fs.Int("scale-idle-dispatchers", def.ScaleIdleDispatchers, "scale: idle dispatchers polling at the largest K")
 	scaleIdleFor := fs.Duration("scale-idle-duration", def.ScaleIdleDuration, "scale: how long the idle dispatchers poll, per version and round")
-	full := migrateload.Full()
-	loadMessages := fs.Int("migrate-load-messages", full.Messages, "migrate-load: messages queued before the writer starts")
-	loadInstances := fs.Int("migrate-load-instances", full.Instances, "migrate-load: instances the queued messages are spread over")
-	loadRate := fs.Int("migrate-load-rate", full.Rate, "migrate-load: the writer's messages per second")
-	plansRows := fs.Int("plans-rows", planshape.DefaultRows, "plans: the rows a call does not need, in every cell")
-	callsCount := fs.Int("calls-count", 2000, "calls: measured calls per cell, side and round")
+	for _, s := range own {
+		s.register(fs)
+	}
 	jsonFile := fs.String("json", "", "write the result as JSON to this file")
 	reportDir := fs.String("report", "", "write report.md, throughput.svg and bench.json into this directory (migrate-load: migrate-load.md and migrate-load.json; plans: plans.md and plans.json; calls: calls.md and calls.json)")
 	pos, err := cli.Parse(fs, args)
@@ -84,36 +80,34 @@ func runBench(ctx context.Context, env *cli.Env, args []string) error {
 	if cfg.ScaleCompleted, err = parseInts("--scale-completed", *scaleCompleted); err != nil {
 		return err
 	}
-	var load *migrateload.Load
-	plans, calls := false, false
-	for _, s := range strings.Split(*scenarios, ",") {
-		s = strings.ReplaceAll(strings.TrimSpace(s), "-", "_")
-		switch s {
-		case "":
-			continue
-		case plansScenario:
-			if *plansRows < 1 {
-				return cli.Usagef("--plans-rows %d: at least 1", *plansRows)
-			}
-			plans = true
-			continue
-		case callsScenario:
-			if *callsCount < 1 {
-				return cli.Usagef("--calls-count %d: at least 1", *callsCount)
-			}
-			calls = true
-			continue
-		case migrateLoadScenario:
-			load = &migrateload.Load{Messages: *loadMessages, Instances: *loadInstances, Rate: *loadRate, Lead: full.Lead, To: migrations.Latest()}
-			if err := load.Validate(); err != nil {
-				return cli.Usagef("%v", err)
-			}
+	named := map[int]bool{} // the own scenarios named, by index in own
+	for _, name := range strings.Split(*scenarios, ",") {
+		key := ownKey(name)
+		if key == "" {
 			continue
 		}
-		cfg.Scenarios = append(cfg.Scenarios, s)
+		i := slices.IndexFunc(own, func(s ownScenario) bool { return ownKey(s.name()) == key })
+		if i < 0 {
+			cfg.Scenarios = append(cfg.Scenarios, key)
+			continue
+		}
+		if err := own[i].validate(); err != nil {
+			return err
+		}
+		named[i] = true
 	}
-	if len(cfg.Scenarios) == 0 && load == nil && !plans && !calls {
-		return cli.Usagef("--scenarios is empty: name some of backlog, hot, queue-only, migrate, worker, scale, runtime, migrate-load, plans, calls")
+	var chosen []ownScenario // in ownScenarios' order, each once
+	for i, s := range own {
+		if named[i] {
+			chosen = append(chosen, s)
+		}
+	}
+	if len(cfg.Scenarios) == 0 && len(chosen) == 0 {
+		names := []string{"backlog", "hot", "queue-only", "migrate", "worker", "scale", "runtime"}
+		for _, s := range own {
+			names = append(names, s.name())
+		}
+		return cli.Usagef("--scenarios is empty: name some of %s", strings.Join(names, ", "))
 	}
 	if len(cfg.Scenarios) > 0 {
 		if err := cfg.Validate(); err != nil {
@@ -121,9 +115,13 @@ func runBench(ctx context.Context, env *cli.Env, args []string) error {
 		}
 	}
 	var provider *upstream.Provider
-	if load != nil || plans || calls {
+	if len(chosen) > 0 {
 		if provider, err = upstream.Find(); err != nil {
-			return cli.Usagef("bench --scenarios migrate-load, plans and calls start from a database the real provider's runner makes: %v (make upstream installs it)", err)
+			names := make([]string, len(own))
+			for i, s := range own {
+				names[i] = s.name()
+			}
+			return cli.Usagef("bench --scenarios %s start from a database the real provider's runner makes: %v (make upstream installs it)", strings.Join(names, ", "), err)
 		}
 	}
 
@@ -140,18 +138,8 @@ func runBench(ctx context.Context, env *cli.Env, args []string) error {
 	}
 	defer srv.Close(context.Background())
 
-	if load != nil {
-		if err := runMigrateLoad(ctx, env, srv, provider, *load, *reportDir); err != nil {
-			return err
-		}
-	}
-	if plans {
-		if err := runPlans(ctx, env, srv, provider, *plansRows, *reportDir); err != nil {
-			return err
-		}
-	}
-	if calls {
-		if err := runCalls(ctx, env, srv, provider, *callsCount, *rounds, *reportDir); err != nil {
+	for _, s := range chosen {
+		if err := runOwn(ctx, env, srv, provider, s, *rounds, *reportDir); err != nil {
 			return err
 		}
 	}
@@ -178,145 +166,6 @@ func runBench(ctx context.Context, env *cli.Env, args []string) error {
 		if err := bench.WriteJSON(*jsonFile, &res); err != nil {
 			return fmt.Errorf("write %s: %w", *jsonFile, err)
 		}
-	}
-	return nil
-}
-
-// migrateLoadScenario is the bench scenario of internal/migrateload,
-// which the cli runs itself (bench.Run does not know it).
-const migrateLoadScenario = "migrate_load"
-
-// runMigrateLoad measures load from every start state to the pack's
-// latest, each in a schema of its own in a database it creates on srv and
-// drops, and prints the table (and writes the report into dir, if any).
-func runMigrateLoad(ctx context.Context, env *cli.Env, srv *pgtest.Server, provider *upstream.Provider, load migrateload.Load, dir string) error {
-	starts, err := migrateload.Starts(func(ctx context.Context, src *dbconn.Source, schema string) error {
-		return provider.Migrate(ctx, src, schema)
-	})
-	if err != nil {
-		return err
-	}
-	src, server, drop, err := benchDatabase(ctx, srv, "harness_bench_load_")
-	if err != nil {
-		return err
-	}
-	defer drop()
-	var reps []*migrateload.Report
-	for i, start := range starts {
-		fmt.Fprintf(env.Stderr, "migrate-load: from %s ...\n", start.Name)
-		l := load
-		l.Start = start
-		rep, err := migrateload.Run(ctx, src, fmt.Sprintf("load_%d", i+1), l)
-		if err != nil {
-			return err
-		}
-		reps = append(reps, rep)
-	}
-	fmt.Fprint(env.Stdout, migrateload.Table(reps))
-	if dir != "" {
-		if err := migrateload.WriteReport(dir, server, reps); err != nil {
-			return fmt.Errorf("write report: %w", err)
-		}
-		fmt.Fprintf(env.Stderr, "harness-lab: report written to %s\n", filepath.Join(dir, migrateload.ReportFile))
-	}
-	return nil
-}
-
-// benchDatabase creates a database on srv for a scenario the cli runs
-// itself, and says which PostgreSQL it is; drop drops it.
-func benchDatabase(ctx context.Context, srv *pgtest.Server, prefix string) (src *dbconn.Source, server string, drop func(), err error) {
-	name, err := srv.CreateDatabase(ctx, prefix, "")
-	if err != nil {
-		return nil, "", nil, err
-	}
-	drop = func() { _ = srv.DropDatabase(context.Background(), name) }
-	if src, err = srv.Source(name); err != nil {
-		drop()
-		return nil, "", nil, err
-	}
-	conn, err := src.Connect(ctx)
-	if err != nil {
-		drop()
-		return nil, "", nil, err
-	}
-	err = conn.QueryRow(ctx, "SELECT 'PostgreSQL ' || current_setting('server_version')").Scan(&server)
-	conn.Close(ctx)
-	if err != nil {
-		drop()
-		return nil, "", nil, err
-	}
-	return src, server, drop, nil
-}
-
-// plansScenario is the bench scenario of internal/planshape, which the cli
-// runs itself (bench.Run does not know it).
-const plansScenario = "plans"
-
-// runPlans runs every planshape cell with rows unneeded rows on upstream's
-// schema as its runner makes it and on the pack's latest, prints the table
-// and writes the report into dir, if any.
-func runPlans(ctx context.Context, env *cli.Env, srv *pgtest.Server, provider *upstream.Provider, rows int, dir string) error {
-	src, server, drop, err := benchDatabase(ctx, srv, "harness_bench_plans_")
-	if err != nil {
-		return err
-	}
-	defer drop()
-	latest := fmt.Sprintf("pack %04d", migrations.Latest())
-	sides := []planshape.Side{
-		{Name: "upstream 1..21 and 23", Make: provider.Migrate},
-		{Name: latest, Make: func(ctx context.Context, src *dbconn.Source, schema string) error {
-			return migrate.To(ctx, src.Config(), schema, migrations.Latest())
-		}},
-	}
-	results, err := planshape.Run(ctx, src, sides, planshape.Cells(orch.RuntimeFilter()), rows, func(line string) {
-		fmt.Fprintf(env.Stderr, "plans: %s ...\n", line)
-	})
-	if err != nil {
-		return err
-	}
-	fmt.Fprint(env.Stdout, planshape.Table(results))
-	if dir != "" {
-		if err := planshape.WriteReport(dir, server, latest, results); err != nil {
-			return fmt.Errorf("write report: %w", err)
-		}
-		fmt.Fprintf(env.Stderr, "harness-lab: report written to %s\n", filepath.Join(dir, planshape.ReportFile))
-	}
-	return nil
-}
-
-// callsScenario is the bench scenario of internal/callcost, which the cli
-// runs itself (bench.Run does not know it).
-const callsScenario = "calls"
-
-// runCalls runs every callcost cell, count calls a cell, rounds times, on
-// upstream's schema as its runner makes it, the pack's latest and its
-// variants, prints the tables and writes the report into dir, if any.
-func runCalls(ctx context.Context, env *cli.Env, srv *pgtest.Server, provider *upstream.Provider, count, rounds int, dir string) error {
-	src, server, drop, err := benchDatabase(ctx, srv, "harness_bench_calls_")
-	if err != nil {
-		return err
-	}
-	defer drop()
-	latest := fmt.Sprintf("pack %04d", migrations.Latest())
-	sides := callcost.Sides{
-		Upstream: callcost.Side{Name: "upstream 1..21 and 23", Make: provider.Migrate},
-		Latest: callcost.Side{Name: latest, Make: func(ctx context.Context, src *dbconn.Source, schema string) error {
-			return migrate.To(ctx, src.Config(), schema, migrations.Latest())
-		}},
-	}
-	filter := orch.RuntimeFilter()
-	results, err := callcost.Run(ctx, src, sides, callcost.Cells(filter.Min, filter.Max), count, rounds, func(line string) {
-		fmt.Fprintf(env.Stderr, "calls: %s ...\n", line)
-	})
-	if err != nil {
-		return err
-	}
-	fmt.Fprint(env.Stdout, callcost.Accounting(results, latest), "\n", callcost.Table(results))
-	if dir != "" {
-		if err := callcost.WriteReport(dir, server, latest, count, rounds, results); err != nil {
-			return fmt.Errorf("write report: %w", err)
-		}
-		fmt.Fprintf(env.Stderr, "harness-lab: report written to %s\n", filepath.Join(dir, callcost.ReportFile))
 	}
 	return nil
 }

@@ -3,11 +3,7 @@ package lab
 import (
 	"bytes"
 	"context"
-	"errors"
 	"testing"
-	"time"
-
-	"github.com/stretchr/testify/require"
 
 	"github.com/duroxide-pg/migrations/internal/testenv/pgtest"
 )
@@ -20,15 +16,4 @@ func run(t *testing.T, args ...string) (code int, stdout, stderr string) {
 	return code, out.String(), errOut.String()
 }
 
-func startServer(t *testing.T) *pgtest.Server {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	srv, err := pgtest.Start(ctx, pgtest.OptionsFromEnv())
-	if errors.Is(err, pgtest.ErrUnavailable) {
-		t.Skipf("no PostgreSQL here: %v", err)
-	}
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = srv.Close(context.Background()) })
-	return srv
-}
+func startServer(t *testing.T) *pgtest.Server { return pgtest.RequireServer(t) }

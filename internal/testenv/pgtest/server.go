@@ -13,6 +13,8 @@ import (
 	"net/url"
 	"os"
 	"sync"
+	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -276,4 +278,22 @@ func (s *Server) Restart(ctx context.Context) error {
 		return fmt.Errorf("restart: the %s backend does not own its server", s.backend)
 	}
 	return ls.restart(ctx)
+}
+
+// RequireServer starts the environment's server (OptionsFromEnv) for the
+// test and closes it when the test ends. Where no backend can run the test
+// skips, saying why.
+func RequireServer(t testing.TB) *Server {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	srv, err := Start(ctx, OptionsFromEnv())
+	if errors.Is(err, ErrUnavailable) {
+		t.Skipf("no PostgreSQL here: %v", err)
+	}
+	if err != nil {
+		t.Fatalf("start a server: %v", err)
+	}
+	t.Cleanup(func() { _ = srv.Close(context.Background()) })
+	return srv
 }

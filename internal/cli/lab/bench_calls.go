@@ -1,0 +1,55 @@
+package lab
+
+import (
+	"context"
+	"flag"
+	"fmt"
+
+	migrations "github.com/duroxide-pg/migrations"
+	"github.com/duroxide-pg/migrations/harness/ops/migrate"
+	"github.com/duroxide-pg/migrations/internal/callcost"
+	"github.com/duroxide-pg/migrations/internal/cli"
+	"github.com/duroxide-pg/migrations/internal/dbconn"
+	"github.com/duroxide-pg/migrations/internal/sim/orch"
+)
+
+// callsScenario is internal/callcost: where a call's server time goes,
+// uncontended, on upstream's schema as its runner makes it, the pack's
+// latest and its variants, in --rounds rounds.
+type callsScenario struct{ count int }
+
+func (*callsScenario) name() string { return "calls" }
+
+func (*callsScenario) summary() string {
+	return "where a call's server time goes, uncontended: upstream's schema, the latest and its variants"
+}
+
+func (s *callsScenario) register(fs *flag.FlagSet) {
+	fs.IntVar(&s.count, "calls-count", 2000, "calls: measured calls per cell, side and round")
+}
+
+func (s *callsScenario) validate() error {
+	if s.count < 1 {
+		return cli.Usagef("--calls-count %d: at least 1", s.count)
+	}
+	return nil
+}
+
+func (s *callsScenario) run(ctx context.Context, in ownRun) (ownResult, error) {
+	latest := fmt.Sprintf("pack %04d", migrations.Latest())
+	sides := callcost.Sides{
+		Upstream: callcost.Side{Name: "upstream 1..21 and 23", Make: in.provider.Migrate},
+		Latest: callcost.Side{Name: latest, Make: func(ctx context.Context, src *dbconn.Source, schema string) error {
+			return migrate.To(ctx, src.Config(), schema, migrations.Latest())
+		}},
+	}
+	filter := orch.RuntimeFilter()
+	results, err := callcost.Run(ctx, in.src, sides, callcost.Cells(filter.Min, filter.Max), s.count, in.rounds, in.progress)
+	if err != nil {
+		return ownResult{}, err
+	}
+	return ownResult{table: callcost.Accounting(results, latest) + "\n" + callcost.Table(results), reportFile: callcost.ReportFile,
+		write: func(dir, server string) error {
+			return callcost.WriteReport(dir, server, latest, s.count, in.rounds, results)
+		}}, nil
+}

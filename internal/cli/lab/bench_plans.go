@@ -1,0 +1,53 @@
+package lab
+
+import (
+	"context"
+	"flag"
+	"fmt"
+
+	migrations "github.com/duroxide-pg/migrations"
+	"github.com/duroxide-pg/migrations/harness/ops/migrate"
+	"github.com/duroxide-pg/migrations/internal/cli"
+	"github.com/duroxide-pg/migrations/internal/dbconn"
+	"github.com/duroxide-pg/migrations/internal/planshape"
+	"github.com/duroxide-pg/migrations/internal/sim/orch"
+)
+
+// plansScenario is internal/planshape: the rows a queue read reads, call
+// after call on one session, next to rows it does not need, on upstream's
+// schema as its runner makes it and on the pack's latest.
+type plansScenario struct{ rows int }
+
+func (*plansScenario) name() string { return "plans" }
+
+func (*plansScenario) summary() string {
+	return "rows a queue read reads, call after call: upstream's schema and the latest"
+}
+
+func (s *plansScenario) register(fs *flag.FlagSet) {
+	fs.IntVar(&s.rows, "plans-rows", planshape.DefaultRows, "plans: the rows a call does not need, in every cell")
+}
+
+func (s *plansScenario) validate() error {
+	if s.rows < 1 {
+		return cli.Usagef("--plans-rows %d: at least 1", s.rows)
+	}
+	return nil
+}
+
+func (s *plansScenario) run(ctx context.Context, in ownRun) (ownResult, error) {
+	latest := fmt.Sprintf("pack %04d", migrations.Latest())
+	sides := []planshape.Side{
+		{Name: "upstream 1..21 and 23", Make: in.provider.Migrate},
+		{Name: latest, Make: func(ctx context.Context, src *dbconn.Source, schema string) error {
+			return migrate.To(ctx, src.Config(), schema, migrations.Latest())
+		}},
+	}
+	results, err := planshape.Run(ctx, in.src, sides, planshape.Cells(orch.RuntimeFilter()), s.rows, in.progress)
+	if err != nil {
+		return ownResult{}, err
+	}
+	return ownResult{table: planshape.Table(results), reportFile: planshape.ReportFile, write: func(dir, server string) error {
+		return planshape.WriteReport(dir, server, latest, results)
+	}}, nil
+}
