@@ -47,4 +47,5 @@ func TestReproHelpListsTheWorkerFlags(t *testing.T) {
 		require.Contains(t, out, f)
 	}
 	require.Equal(t, []string{"minimal", "organic", "worker-minimal", "worker", "runtime"}, reproKinds(), "what `repro all` runs, in order")
+	require.Equal(t, repro.Kinds(), reproKinds(), "the lab's repros are the report's, in its order")
 }

@@ -1,0 +1,78 @@
+package lab
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/duroxide-pg/migrations/internal/cli"
+	"github.com/duroxide-pg/migrations/internal/dbconn"
+	"github.com/duroxide-pg/migrations/internal/sim/repro"
+	"github.com/duroxide-pg/migrations/internal/testenv/pgtest"
+)
+
+// organicRepro is repro.OrganicRepro: simulated dispatchers on hot
+// instances, no stale timestamp injected, optionally through PgBouncer.
+type organicRepro struct {
+	cfg         repro.OrganicConfig
+	lockTimeout time.Duration
+	bouncer     string
+}
+
+func (*organicRepro) kind() string        { return "organic" }
+func (*organicRepro) needsUpstream() bool { return true }
+func (*organicRepro) schemas() []int64    { return nil }
+
+func (o *organicRepro) register(fs *flag.FlagSet) {
+	o.cfg = repro.OrganicDefaults()
+	fs.IntVar(&o.cfg.Dispatchers, "dispatchers", o.cfg.Dispatchers, "organic: simulated dispatchers, each with its own connection")
+	fs.IntVar(&o.cfg.Instances, "instances", o.cfg.Instances, "organic: hot instances")
+	fs.IntVar(&o.cfg.HistoryEvents, "history", o.cfg.HistoryEvents, "organic: history events per instance")
+	fs.IntVar(&o.cfg.EventBytes, "event-bytes", o.cfg.EventBytes, "organic: approximate size of one history event")
+	fs.DurationVar(&o.lockTimeout, "lock-timeout", o.cfg.LockTimeout, fmt.Sprintf("organic: orchestrator lock timeout (0: %g x one uncontended fetch, measured now)", repro.LockTimeoutFactor))
+	fs.DurationVar(&o.cfg.PollInterval, "poll", o.cfg.PollInterval, "organic: minimum poll interval")
+	fs.DurationVar(&o.cfg.TurnTime, "turn", o.cfg.TurnTime, "organic: simulated turn time")
+	fs.DurationVar(&o.cfg.Duration, "duration", o.cfg.Duration, "organic: run time per version")
+	fs.DurationVar(&o.cfg.Skew, "skew", o.cfg.Skew, "organic: spread the dispatchers' clocks over [-skew, +skew]")
+	fs.StringVar(&o.bouncer, "pgbouncer", "", "organic: the dispatchers connect through a PgBouncer started next to the server, in this pool mode (transaction, session or statement)")
+}
+
+func (o *organicRepro) validate(bool) error {
+	c := o.cfg
+	if c.Dispatchers < 1 || c.Instances < 1 || c.HistoryEvents < 0 || c.EventBytes < 1 || o.lockTimeout < 0 || c.PollInterval <= 0 || c.TurnTime < 0 || c.Duration <= 0 || c.Skew < 0 {
+		return cli.Usagef("organic settings out of range: dispatchers, instances, event-bytes >= 1; poll, duration > 0; history, lock-timeout, turn, skew >= 0")
+	}
+	if o.bouncer != "" && !slices.Contains(pgtest.PoolModes(), o.bouncer) {
+		return cli.Usagef("--pgbouncer %q: use a pool mode, one of %s", o.bouncer, strings.Join(pgtest.PoolModes(), ", "))
+	}
+	if o.lockTimeout != 0 {
+		o.cfg.LockTimeout, o.cfg.CalibrateLockTimeout = o.lockTimeout, false
+	}
+	return nil
+}
+
+// run runs the organic repro in the repro database, its dispatchers
+// connecting through a PgBouncer in --pgbouncer's mode when one is given.
+func (o *organicRepro) run(ctx context.Context, in *reproRun) error {
+	in.section()
+	cfg := o.cfg
+	if o.bouncer != "" {
+		b, err := pgtest.StartPgBouncer(ctx, in.setup.srv, o.bouncer)
+		if err != nil {
+			return fmt.Errorf("organic repro: %w", err)
+		}
+		defer b.Close()
+		via, err := dbconn.Parse(b.DSN(in.setup.name))
+		if err != nil {
+			return fmt.Errorf("organic repro: %w", err)
+		}
+		cfg.Via = via
+		fmt.Fprintf(in.env.Stderr, "%s: the dispatchers connect through pgbouncer (%s pooling)\n", in.env.Program, o.bouncer)
+	}
+	res, err := repro.OrganicRepro(ctx, in.setup.db, in.provider, cfg, in.sides, in.progress)
+	in.report.Organic = &res
+	return in.done("organic", res.Verdict.OK, err, func() error { return repro.PrintOrganic(in.env.Stdout, res) })
+}

@@ -1,0 +1,77 @@
+package lab
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/duroxide-pg/migrations/internal/cli"
+	"github.com/duroxide-pg/migrations/internal/sim/repro"
+)
+
+// The runtime repro's forms (--form).
+const (
+	runtimeFormHeldKey = "held-key"
+	runtimeFormPool    = "pool"
+	runtimeFormAll     = "all"
+)
+
+func runtimeForms() []string { return []string{runtimeFormHeldKey, runtimeFormPool, runtimeFormAll} }
+
+// runtimeRepro is the real runtime on every side, in --form's forms:
+// repro.RuntimeRepro (another session holds the instance's advisory key)
+// and repro.RuntimePoolRepro (the runtime's pooled connections wait).
+type runtimeRepro struct {
+	form string
+	held repro.RuntimeConfig
+	pool repro.RuntimePoolConfig
+}
+
+func (*runtimeRepro) kind() string        { return "runtime" }
+func (*runtimeRepro) needsUpstream() bool { return true }
+func (*runtimeRepro) schemas() []int64    { return nil }
+
+func (r *runtimeRepro) register(fs *flag.FlagSet) {
+	r.held, r.pool = repro.RuntimeDefaults(), repro.RuntimePoolDefaults()
+	fs.DurationVar(&r.held.Hold, "runtime-hold", r.held.Hold, fmt.Sprintf("runtime: how long another session holds the instance's advisory key each time (above the runtime's %v lock timeout)", repro.RuntimeLockTimeout))
+	fs.IntVar(&r.held.Holds, "runtime-holds", r.held.Holds, "runtime: how many times it holds the key (11 passes the runtime's poison threshold)")
+	fs.StringVar(&r.form, "form", runtimeFormAll, "runtime: the form to run: held-key (another session holds the instance's advisory key), pool (another session makes the runtime's pooled connections wait; no advisory lock), or all")
+	fs.DurationVar(&r.pool.Hold, "pool-hold", r.pool.Hold, fmt.Sprintf("runtime pool form: how long another session holds worker_queue's table lock each time (above the runtime's %v lock timeout, below the pool's %v acquire timeout)", repro.RuntimeLockTimeout, repro.PoolAcquireTimeout))
+	fs.IntVar(&r.pool.Holds, "pool-holds", r.pool.Holds, "runtime pool form: how many times it holds the lock")
+	fs.IntVar(&r.pool.Orchestrations, "pool-orchestrations", r.pool.Orchestrations, "runtime pool form: the backlog of orchestrations, each waiting for an event raised at once")
+}
+
+func (r *runtimeRepro) validate(bool) error {
+	if !slices.Contains(runtimeForms(), r.form) {
+		return cli.Usagef("--form %q: use %s", r.form, strings.Join(runtimeForms(), ", "))
+	}
+	if err := r.held.Validate(); err != nil {
+		return cli.Usagef("%v", err)
+	}
+	if err := r.pool.Validate(); err != nil {
+		return cli.Usagef("%v", err)
+	}
+	return nil
+}
+
+// run runs each form --form names, held-key first, each its own section
+// of the output and its own verdict ("runtime", "runtime_pool").
+func (r *runtimeRepro) run(ctx context.Context, in *reproRun) error {
+	if r.form == runtimeFormHeldKey || r.form == runtimeFormAll {
+		in.section()
+		res, err := repro.RuntimeRepro(ctx, in.setup.db, in.provider, r.held, in.sides, in.progress)
+		in.report.Runtime = &res
+		if err := in.done("runtime", res.OK(), err, func() error { return repro.PrintRuntime(in.env.Stdout, res) }); err != nil {
+			return err
+		}
+	}
+	if r.form == runtimeFormPool || r.form == runtimeFormAll {
+		in.section()
+		res, err := repro.RuntimePoolRepro(ctx, in.setup.db, in.provider, r.pool, in.sides, in.progress)
+		in.report.RuntimePool = &res
+		return in.done("runtime_pool", res.OK(), err, func() error { return repro.PrintRuntimePool(in.env.Stdout, res) })
+	}
+	return nil
+}

@@ -1,0 +1,132 @@
+package lab
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	migrations "github.com/duroxide-pg/migrations"
+	"github.com/duroxide-pg/migrations/internal/cli"
+	"github.com/duroxide-pg/migrations/internal/sim/repro"
+)
+
+// workerPair is --worker-versions: the versions worker-minimal compares,
+// by default the pack's pair (repro.WorkerVersions), which the worker
+// repro compares and does not let change.
+type workerPair struct {
+	flag string
+	// pack is the pack's pair as the flag writes it ("" when the pack has
+	// none, for the reason packErr).
+	pack    string
+	packErr error
+	// versions is flag, parsed (nil until a repro needs it).
+	versions []int64
+}
+
+// parse reads the flag once.
+func (w *workerPair) parse() error {
+	if w.versions != nil {
+		return nil
+	}
+	if w.flag == "" {
+		return cli.Usagef("repro: %v", w.packErr)
+	}
+	var out []int64
+	for _, f := range strings.Split(w.flag, ",") {
+		v, err := strconv.ParseInt(strings.TrimSpace(f), 10, 64)
+		if err != nil || v < 1 || v > migrations.Latest() {
+			return cli.Usagef("--worker-versions %q: give two schema versions between 1 and %d (the pack's latest)", w.flag, migrations.Latest())
+		}
+		out = append(out, v)
+	}
+	if len(out) != 2 {
+		return cli.Usagef("--worker-versions %q: give exactly two versions, the buggy one then the fixed one", w.flag)
+	}
+	w.versions = out
+	return nil
+}
+
+// workerMinimalRepro is repro.RunWorkerMinimal on schemas duroxide_vN of
+// the repro database, one per --worker-versions.
+type workerMinimalRepro struct{ pair *workerPair }
+
+func (*workerMinimalRepro) kind() string        { return "worker-minimal" }
+func (*workerMinimalRepro) needsUpstream() bool { return false }
+
+func (m *workerMinimalRepro) register(fs *flag.FlagSet) {
+	bug, fix, err := repro.WorkerVersions()
+	m.pair.packErr = err
+	if err == nil {
+		m.pair.pack = fmt.Sprintf("%d,%d", bug, fix)
+	}
+	fs.StringVar(&m.pair.flag, "worker-versions", m.pair.pack, "worker-minimal: schema versions to compare, the buggy one then the fixed one")
+}
+
+// validate parses --worker-versions when this repro runs or the flag is
+// given (a bad flag is refused whatever runs).
+func (m *workerMinimalRepro) validate(chosen bool) error {
+	if m.pair.flag != "" || chosen {
+		return m.pair.parse()
+	}
+	return nil
+}
+
+func (m *workerMinimalRepro) schemas() []int64 { return m.pair.versions }
+
+func (m *workerMinimalRepro) run(ctx context.Context, in *reproRun) error {
+	in.section()
+	res, err := repro.RunWorkerMinimal(ctx, in.setup.db, in.setup.schemas, m.pair.versions)
+	in.report.WorkerMinimal = res
+	return in.done("worker_minimal", repro.WorkerMinimalVerdict(res), err, func() error { return repro.PrintWorkerMinimal(in.env.Stdout, res) })
+}
+
+// workerRepro is repro.WorkerRepro: simulated activity workers on the
+// pack's pair of versions.
+type workerRepro struct {
+	pair        *workerPair
+	cfg         repro.WorkerConfig
+	lockTimeout time.Duration
+}
+
+func (*workerRepro) kind() string        { return "worker" }
+func (*workerRepro) needsUpstream() bool { return false }
+func (*workerRepro) schemas() []int64    { return nil }
+
+func (w *workerRepro) register(fs *flag.FlagSet) {
+	w.cfg = repro.WorkerDefaults()
+	fs.IntVar(&w.cfg.Runtimes, "worker-runtimes", w.cfg.Runtimes, "worker: simulated runtimes, each with its own clock")
+	fs.IntVar(&w.cfg.Slots, "worker-slots", w.cfg.Slots, "worker: worker slots per runtime, each with its own connection")
+	fs.DurationVar(&w.cfg.Duration, "worker-duration", w.cfg.Duration, "worker: run time per version")
+	fs.DurationVar(&w.lockTimeout, "worker-lock-timeout", w.cfg.LockTimeout, fmt.Sprintf("worker: worker lock timeout, whole seconds (0: calibrated, at least %v)", repro.WorkerMinLockTimeout))
+}
+
+func (w *workerRepro) validate(chosen bool) error {
+	if chosen {
+		if err := w.pair.parse(); err != nil {
+			return err
+		}
+	}
+	if w.cfg.Runtimes < 1 || w.cfg.Slots < 1 || w.cfg.Duration <= 0 || w.lockTimeout < 0 || w.lockTimeout%time.Second != 0 {
+		return cli.Usagef("worker settings out of range: worker-runtimes, worker-slots >= 1; worker-duration > 0; worker-lock-timeout 0 or whole seconds")
+	}
+	if chosen && w.pair.pack == "" {
+		return cli.Usagef("repro: the worker repro compares the pack's pair: %v", w.pair.packErr)
+	}
+	if chosen && w.pair.flag != w.pair.pack {
+		return cli.Usagef("the worker repro compares versions %s only; drop --worker-versions or use `repro worker-minimal`", strings.ReplaceAll(w.pair.pack, ",", " and "))
+	}
+	if w.lockTimeout != 0 {
+		w.cfg.LockTimeout, w.cfg.CalibrateLockTimeout = w.lockTimeout, false
+	}
+	return nil
+}
+
+func (w *workerRepro) run(ctx context.Context, in *reproRun) error {
+	in.section()
+	res, err := repro.WorkerRepro(ctx, in.setup.db, w.cfg, in.progress)
+	in.report.Worker = &res
+	return in.done("worker", res.Verdict.OK, err, func() error { return repro.PrintWorker(in.env.Stdout, res) })
+}
