@@ -2,13 +2,12 @@ package callcost
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
-	"os"
-	"path/filepath"
 	"slices"
 	"sort"
 	"strings"
+
+	"github.com/duroxide-pg/migrations/internal/reportfile"
 
 	"github.com/jackc/pgx/v5"
 
@@ -210,9 +209,6 @@ const (
 // WriteReport writes the results into dir as markdown and JSON; server
 // names the server, latest the latest's side.
 func WriteReport(dir, server, latest string, calls, rounds int, results []Result) error {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return err
-	}
 	var b strings.Builder
 	b.WriteString("# Where a call's server time goes, uncontended\n\n")
 	fmt.Fprintf(&b, "%s; `harness-lab bench --scenarios calls`. Each cell: a new schema in the side's state, a new session, %d calls to warm it (the first timed by the client: it compiles the functions and loads their catalog entries), then %d calls, each its own transaction, measured by the server (pg_stat_user_functions, track_functions = 'all'): the called function's time, and each function's own time, triggers and helpers included. %d rounds, the sides' order turning each round; medians, and the spread (half the range over rounds, against the median). The variants of the latest each take one thing away: every function's SET search_path clause (their sessions set search_path to the schema instead, which costs what bodies naming the schema cost), or the queue heads' triggers (not a state to run: it shows what the upkeep costs).\n\n",
@@ -221,17 +217,10 @@ func WriteReport(dir, server, latest string, calls, rounds int, results []Result
 	b.WriteString(Accounting(results, latest))
 	b.WriteString("\n## Cells\n\n")
 	b.WriteString(Table(results))
-	if err := os.WriteFile(filepath.Join(dir, ReportFile), []byte(b.String()), 0o644); err != nil {
-		return err
-	}
-	js, err := json.MarshalIndent(struct {
+	return reportfile.Write(dir, ReportFile, b.String(), JSONFile, struct {
 		Server  string   `json:"server"`
 		Calls   int      `json:"calls"`
 		Rounds  int      `json:"rounds"`
 		Results []Result `json:"results"`
-	}{server, calls, rounds, results}, "", "  ")
-	if err != nil {
-		return err
-	}
-	return os.WriteFile(filepath.Join(dir, JSONFile), append(js, '\n'), 0o644)
+	}{server, calls, rounds, results})
 }

@@ -1,12 +1,11 @@
 package migrateload
 
 import (
-	"encoding/json"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strings"
 	"time"
+
+	"github.com/duroxide-pg/migrations/internal/reportfile"
 )
 
 // ReportFile and JSONFile are the files WriteReport writes.
@@ -29,20 +28,10 @@ func Table(reps []*Report) string {
 // WriteReport writes the reports into dir as Markdown (ReportFile) and
 // JSON (JSONFile); server names the PostgreSQL they ran on.
 func WriteReport(dir, server string, reps []*Report) error {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return err
-	}
 	md := fmt.Sprintf("# `migrate up` under a writer's load\n\n%s; %s; `harness-lab bench --scenarios migrate-load`. "+
 		"Each row: a schema in its start state with a backlog in orchestrator_queue, one writer calling enqueue_orchestrator_work at a steady rate, "+
 		"`migrate up` to the pack's latest in the middle of it. A write's latency counts from the moment it was due, so a write held up "+
 		"by the migration also delays the ones behind it and each counts its own wait.\n\n%s",
 		time.Now().UTC().Format("2006-01-02"), server, Table(reps))
-	if err := os.WriteFile(filepath.Join(dir, ReportFile), []byte(md), 0o644); err != nil {
-		return err
-	}
-	js, err := json.MarshalIndent(reps, "", "  ")
-	if err != nil {
-		return err
-	}
-	return os.WriteFile(filepath.Join(dir, JSONFile), append(js, '\n'), 0o644)
+	return reportfile.Write(dir, ReportFile, md, JSONFile, reps)
 }

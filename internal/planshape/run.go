@@ -2,12 +2,11 @@ package planshape
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strings"
 	"time"
+
+	"github.com/duroxide-pg/migrations/internal/reportfile"
 
 	"github.com/jackc/pgx/v5"
 
@@ -147,9 +146,6 @@ func Targets(results []Result, judged string) string {
 // JSON (JSONFile); server names the PostgreSQL they ran on, judged the side
 // the targets are for.
 func WriteReport(dir, server, judged string, results []Result) error {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return err
-	}
 	md := fmt.Sprintf("# Queue reads, call after call: no generic-plan cliff\n\n%s; %s; `harness-lab bench --scenarios plans`. "+
 		"Each row: a new schema in the side's state, the unneeded rows of the cell's kind (and 30 rows the call can take, but in the "+
 		"empty polls and the renewals), then ten calls on one new session, each in a transaction rolled back so that every call finds "+
@@ -157,12 +153,5 @@ func WriteReport(dir, server, judged string, results []Result) error {
 		"from the 6th. Rows read: pg_stat_xact_user_tables (sequential reads and index fetches) around the call; times: the client's, "+
 		"for reading only (`migrations_test/generic_plan_test.go` asserts the rows, never a time).\n\n## Targets\n\n%s\n## Cells\n\n%s",
 		time.Now().UTC().Format("2006-01-02"), server, Targets(results, judged), Table(results))
-	if err := os.WriteFile(filepath.Join(dir, ReportFile), []byte(md), 0o644); err != nil {
-		return err
-	}
-	js, err := json.MarshalIndent(results, "", "  ")
-	if err != nil {
-		return err
-	}
-	return os.WriteFile(filepath.Join(dir, JSONFile), append(js, '\n'), 0o644)
+	return reportfile.Write(dir, ReportFile, md, JSONFile, results)
 }

@@ -49,6 +49,7 @@ import (
 
 	"github.com/duroxide-pg/migrations/harness/ops/migrate"
 	"github.com/duroxide-pg/migrations/internal/dbconn"
+	"github.com/duroxide-pg/migrations/internal/sim/defaults"
 	"github.com/duroxide-pg/migrations/internal/sim/dispatch"
 	"github.com/duroxide-pg/migrations/internal/sim/simconfig"
 )
@@ -204,30 +205,53 @@ func Defaults() Config {
 // Validate to reject), a list when it is nil (an empty list is taken as
 // given). The hot lock timeout is unset when neither HotLockTimeout nor
 // CalibrateHotLockTimeout is; it then takes Defaults' calibration.
+// Every field is named here once (TestWithDefaultsFillsEveryZeroFieldAndKeepsGivenLists checks
+// that a zero Config becomes Defaults()).
 func (c Config) WithDefaults() Config {
-	d := reflect.ValueOf(Defaults())
-	v := reflect.ValueOf(&c).Elem()
-	for i := range v.NumField() {
-		f := v.Field(i)
-		switch f.Kind() {
-		case reflect.Int, reflect.Int64:
-			if f.Int() == 0 {
-				f.Set(d.Field(i))
-			}
-		case reflect.Slice:
-			if f.IsNil() {
-				f.Set(d.Field(i))
-			}
-		case reflect.Bool:
-			// CalibrateHotLockTimeout, below.
-		default:
-			panic("bench: Config." + v.Type().Field(i).Name + " is neither a count, a duration, a list nor a switch")
-		}
-	}
+	d := Defaults()
+	defaults.Set(&c.Rounds, d.Rounds)
+	defaults.Set(&c.Duration, d.Duration)
+	list(&c.Scenarios, d.Scenarios)
+	defaults.Set(&c.BacklogInstances, d.BacklogInstances)
+	defaults.Set(&c.BacklogHistory, d.BacklogHistory)
+	list(&c.BacklogDispatchers, d.BacklogDispatchers)
+	defaults.Set(&c.BacklogLockTimeout, d.BacklogLockTimeout)
+	defaults.Set(&c.HotHistory, d.HotHistory)
+	defaults.Set(&c.HotDispatchers, d.HotDispatchers)
 	if c.HotLockTimeout == 0 {
 		c.CalibrateHotLockTimeout = true
 	}
+	defaults.Set(&c.QueueInstances, d.QueueInstances)
+	list(&c.QueueDispatchers, d.QueueDispatchers)
+	defaults.Set(&c.QueueLockTimeout, d.QueueLockTimeout)
+	list(&c.WorkerDispatchers, d.WorkerDispatchers)
+	defaults.Set(&c.WorkerItems, d.WorkerItems)
+	defaults.Set(&c.WorkerLockTimeout, d.WorkerLockTimeout)
+	list(&c.ScaleBlocked, d.ScaleBlocked)
+	defaults.Set(&c.ScaleSpreadInstances, d.ScaleSpreadInstances)
+	defaults.Set(&c.ScaleClaimable, d.ScaleClaimable)
+	list(&c.ScaleCompleted, d.ScaleCompleted)
+	defaults.Set(&c.ScaleCompletedHistory, d.ScaleCompletedHistory)
+	defaults.Set(&c.ScaleCalls, d.ScaleCalls)
+	defaults.Set(&c.ScaleIdleDispatchers, d.ScaleIdleDispatchers)
+	defaults.Set(&c.ScaleIdleDuration, d.ScaleIdleDuration)
+	defaults.Set(&c.ScaleLargeHistory, d.ScaleLargeHistory)
+	list(&c.RuntimeOrchestrationConcurrency, d.RuntimeOrchestrationConcurrency)
+	list(&c.RuntimeWorkerConcurrency, d.RuntimeWorkerConcurrency)
+	list(&c.RuntimeOrchestrations, d.RuntimeOrchestrations)
+	defaults.Set(&c.RuntimeFanIn, d.RuntimeFanIn)
+	defaults.Set(&c.RuntimeUncontended, d.RuntimeUncontended)
+	defaults.Set(&c.RuntimeWait, d.RuntimeWait)
+	defaults.Set(&c.EventBytes, d.EventBytes)
+	defaults.Set(&c.PollInterval, d.PollInterval)
 	return c
+}
+
+// list sets *field to def when it is nil (an empty list is taken as given).
+func list[T any](field *[]T, def []T) {
+	if *field == nil {
+		*field = def
+	}
 }
 
 // negativeField names the first count or duration of c below 0 ("" when

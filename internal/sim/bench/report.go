@@ -2,7 +2,6 @@ package bench
 
 import (
 	"bytes"
-	"encoding/json"
 	"fmt"
 	"io"
 	"math"
@@ -10,6 +9,8 @@ import (
 	"path/filepath"
 	"strings"
 	"text/tabwriter"
+
+	"github.com/duroxide-pg/migrations/internal/reportfile"
 
 	"github.com/duroxide-pg/migrations/internal/sim/axis"
 )
@@ -367,13 +368,7 @@ func WriteReport(dir string, r *Result) error {
 }
 
 // WriteJSON writes r as indented JSON to path.
-func WriteJSON(path string, r *Result) error {
-	b, err := json.MarshalIndent(r, "", "  ")
-	if err != nil {
-		return err
-	}
-	return os.WriteFile(path, append(b, '\n'), 0o644)
-}
+func WriteJSON(path string, r *Result) error { return reportfile.WriteJSON(path, r) }
 
 // throughputSVG draws completed cycles/s (median) against N for both
 // versions of the backlog scenario: a hand-written SVG line plot, linear

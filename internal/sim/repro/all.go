@@ -2,13 +2,14 @@ package repro
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
+
+	"github.com/duroxide-pg/migrations/internal/reportfile"
 
 	"github.com/duroxide-pg/migrations/internal/dbconn"
 	"github.com/duroxide-pg/migrations/internal/testenv/upstream"
@@ -97,12 +98,8 @@ func (r Report) OK() bool {
 
 // WriteJSON writes r as indented JSON to path.
 func (r Report) WriteJSON(path string) error {
-	b, err := json.MarshalIndent(r, "", "  ")
-	if err != nil {
-		return fmt.Errorf("repro: encode the report: %w", err)
-	}
-	if err := os.WriteFile(path, append(b, '\n'), 0o644); err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
+	if err := reportfile.WriteJSON(path, r); err != nil {
+		return fmt.Errorf("repro: write the report's JSON to %s: %w", path, err)
 	}
 	return nil
 }
