@@ -25,5 +25,5 @@ func (minimalRepro) run(ctx context.Context, in *reproRun) error {
 	}
 	res, err := repro.RunMinimal(ctx, in.setup.db, made)
 	in.report.Minimal = res
-	return in.done("minimal", repro.MinimalVerdict(res), err, func() error { return repro.PrintMinimal(in.env.Stdout, res) })
+	return in.done("minimal", res.OK(), err, func() error { return repro.PrintMinimal(in.env.Stdout, res) })
 }

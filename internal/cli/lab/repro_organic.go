@@ -74,5 +74,5 @@ func (o *organicRepro) run(ctx context.Context, in *reproRun) error {
 	}
 	res, err := repro.OrganicRepro(ctx, in.setup.db, in.provider, cfg, in.sides, in.progress)
 	in.report.Organic = &res
-	return in.done("organic", res.Verdict.OK, err, func() error { return repro.PrintOrganic(in.env.Stdout, res) })
+	return in.done("organic", res.OK(), err, func() error { return repro.PrintOrganic(in.env.Stdout, res) })
 }

@@ -80,7 +80,7 @@ func (m *workerMinimalRepro) run(ctx context.Context, in *reproRun) error {
 	in.section()
 	res, err := repro.RunWorkerMinimal(ctx, in.setup.db, in.setup.schemas, m.pair.versions)
 	in.report.WorkerMinimal = res
-	return in.done("worker_minimal", repro.WorkerMinimalVerdict(res), err, func() error { return repro.PrintWorkerMinimal(in.env.Stdout, res) })
+	return in.done("worker_minimal", res.OK(), err, func() error { return repro.PrintWorkerMinimal(in.env.Stdout, res) })
 }
 
 // workerRepro is repro.WorkerRepro: simulated activity workers on the
@@ -128,5 +128,5 @@ func (w *workerRepro) run(ctx context.Context, in *reproRun) error {
 	in.section()
 	res, err := repro.WorkerRepro(ctx, in.setup.db, w.cfg, in.progress)
 	in.report.Worker = &res
-	return in.done("worker", res.Verdict.OK, err, func() error { return repro.PrintWorker(in.env.Stdout, res) })
+	return in.done("worker", res.OK(), err, func() error { return repro.PrintWorker(in.env.Stdout, res) })
 }

@@ -40,15 +40,15 @@ func OrganicRepro(ctx context.Context, src *dbconn.Source, p *upstream.Provider,
 // WorkerRepro prepares the worker scenario's schemas in the database of
 // src (prepareWorker) and runs it (runWorker).
 func WorkerRepro(ctx context.Context, src *dbconn.Source, cfg WorkerConfig, progress func(string)) (WorkerResult, error) {
-	return prepareAndRun(ctx, src, "worker repro", prepareWorker, func(schemas map[int]string) (WorkerResult, error) {
+	return prepareAndRun(ctx, src, "worker repro", prepareWorker, func(schemas map[int64]string) (WorkerResult, error) {
 		return runWorker(ctx, src, schemas, cfg, progress)
 	})
 }
 
 // prepareAndRun migrates a scenario's schemas with prepare, then runs it on
 // them; what names the scenario in errors of the run.
-func prepareAndRun[R any](ctx context.Context, src *dbconn.Source, what string, prepare func(context.Context, *dbconn.Source) (map[int]string, error),
-	run func(schemas map[int]string) (R, error)) (R, error) {
+func prepareAndRun[R any](ctx context.Context, src *dbconn.Source, what string, prepare func(context.Context, *dbconn.Source) (map[int64]string, error),
+	run func(schemas map[int64]string) (R, error)) (R, error) {
 	schemas, err := prepare(ctx, src)
 	if err != nil {
 		var zero R
@@ -77,13 +77,13 @@ func PrintWorker(w io.Writer, res WorkerResult) error {
 // ran and their verdicts, by kind ("worker-minimal" as "worker_minimal").
 // It serialises to stable snake_case JSON (`harness-lab repro --json`).
 type Report struct {
-	Minimal       []MinimalResult       `json:"minimal,omitempty"`
-	Organic       *OrganicResult        `json:"organic,omitempty"`
-	WorkerMinimal []WorkerMinimalResult `json:"worker_minimal,omitempty"`
-	Worker        *WorkerResult         `json:"worker,omitempty"`
-	Runtime       *RuntimeResult        `json:"runtime,omitempty"`
-	RuntimePool   *RuntimePoolResult    `json:"runtime_pool,omitempty"`
-	Verdict       map[string]bool       `json:"verdict"`
+	Minimal       MinimalResults       `json:"minimal,omitempty"`
+	Organic       *OrganicResult       `json:"organic,omitempty"`
+	WorkerMinimal WorkerMinimalResults `json:"worker_minimal,omitempty"`
+	Worker        *WorkerResult        `json:"worker,omitempty"`
+	Runtime       *RuntimeResult       `json:"runtime,omitempty"`
+	RuntimePool   *RuntimePoolResult   `json:"runtime_pool,omitempty"`
+	Verdict       map[string]bool      `json:"verdict"`
 }
 
 // OK reports whether every repro that ran gave the verdict it should.

@@ -26,19 +26,19 @@ func minimalSides() []MinimalResult {
 
 func TestMinimalRendersEverySideWithTheVerdict(t *testing.T) {
 	results := minimalSides()
-	require.True(t, MinimalVerdict(results))
-	require.False(t, MinimalVerdict(results[1:]), "without upstream's side there is no verdict")
+	require.True(t, MinimalResults(results).OK())
+	require.False(t, MinimalResults(results[1:]).OK(), "without upstream's side there is no verdict")
 	swapped := minimalSides()
 	swapped[0].StaleFetch, swapped[2].StaleFetch = results[2].StaleFetch, results[0].StaleFetch
 	swapped[0].Side, swapped[2].Side = SideUpstream, SidePack
-	require.False(t, MinimalVerdict(swapped), "the fix at upstream and the bug at the pack is no repro")
+	require.False(t, MinimalResults(swapped).OK(), "the fix at upstream and the bug at the pack is no repro")
 	clean := minimalSides()
 	clean[1].StaleFetch = results[2].StaleFetch
 	clean[1].Side = SideCandidate
-	require.False(t, MinimalVerdict(clean), "the candidate must show the bug: its lease comes from the caller's timestamp")
+	require.False(t, MinimalResults(clean).OK(), "the candidate must show the bug: its lease comes from the caller's timestamp")
 	amended := append(minimalSides(), MinimalResult{Instance: "d", StaleFetch: results[2].StaleFetch})
 	amended[3].Side = SideAmended
-	require.True(t, MinimalVerdict(amended), "the amended candidate is fixed")
+	require.True(t, MinimalResults(amended).OK(), "the amended candidate is fixed")
 
 	var out bytes.Buffer
 	require.NoError(t, PrintMinimal(&out, results))
@@ -62,10 +62,10 @@ func TestWorkerMinimalVerdictNeedsBothSymptomsThenNeither(t *testing.T) {
 		StaleFetch: StaleFetch{Version: int64(bug), LockTimeoutMs: 5000, Fetched: true, RemainingMs: -5000, AckError: "not found"}}
 	after := WorkerMinimalResult{HoldMs: 2000, CallMs: 5, Returned: "s2",
 		StaleFetch: StaleFetch{Version: int64(fix), LockTimeoutMs: 5000, Fetched: true, RemainingMs: 4995, AckOK: true}}
-	require.True(t, WorkerMinimalVerdict([]WorkerMinimalResult{before, after}))
+	require.True(t, WorkerMinimalResults([]WorkerMinimalResult{before, after}).OK())
 	unblocked := before
 	unblocked.Blocked = false
-	require.False(t, WorkerMinimalVerdict([]WorkerMinimalResult{unblocked, after}), "one symptom is not the bug")
+	require.False(t, WorkerMinimalResults([]WorkerMinimalResult{unblocked, after}).OK(), "one symptom is not the bug")
 
 	var out bytes.Buffer
 	require.NoError(t, PrintWorkerMinimal(&out, []WorkerMinimalResult{before, after}))

@@ -151,7 +151,7 @@ func Minimal(ctx context.Context, q orch.Querier, schema string, version int64, 
 
 // RunMinimal runs Minimal on each side's schema, in the database of src,
 // over one connection, with the runtime's version filter.
-func RunMinimal(ctx context.Context, src *dbconn.Source, sides []Side) ([]MinimalResult, error) {
+func RunMinimal(ctx context.Context, src *dbconn.Source, sides []Side) (MinimalResults, error) {
 	conn, err := src.Connect(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("minimal repro: %w", err)
@@ -190,10 +190,14 @@ func atEach[R any](versions []int64, what string, run func(v int64) (R, error)) 
 // only the time spent inside the call), so a stale one is their bug.
 func minimalExpectsFix(side string) bool { return side == SidePack || side == SideAmended }
 
-// MinimalVerdict holds when upstream's side and the pack's both ran, and
-// every side shows what it should: the bug where the lease comes from the
-// caller's timestamp (upstream, its candidate), the fix where it does not.
-func MinimalVerdict(results []MinimalResult) bool {
+// MinimalResults are the minimal repro's results, one per side.
+type MinimalResults []MinimalResult
+
+// OK is the minimal repro's verdict: upstream's side and the pack's both
+// ran, and every side shows what it should: the bug where the lease comes
+// from the caller's timestamp (upstream, its candidate), the fix where it
+// does not.
+func (results MinimalResults) OK() bool {
 	var up, pack bool
 	for _, r := range results {
 		up = up || r.Side == SideUpstream

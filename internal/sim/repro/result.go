@@ -3,7 +3,7 @@ package repro
 import (
 	"context"
 	"fmt"
-	"sort"
+	"slices"
 
 	"github.com/duroxide-pg/migrations/internal/packfacts"
 
@@ -19,15 +19,12 @@ import (
 // WorkerVersions are the schema versions the worker repros compare: the
 // version before the pack's fixes of the worker queue, and the last of them
 // (read from sql/).
-func WorkerVersions() (bug, fix int, err error) {
-	b, f, err := packfacts.WorkerFix()
-	return int(b), int(f), err
-}
+func WorkerVersions() (bug, fix int64, err error) { return packfacts.WorkerFix() }
 
 // versionsRun are the oldest and the newest version of runs (0 for none):
 // the versions a result compared, read from the result rather than from
 // the pack.
-func versionsRun[S, E any](runs []SchemaRun[S, E]) (oldest, newest int) {
+func versionsRun[S, E any](runs []SchemaRun[S, E]) (oldest, newest int64) {
 	for i, r := range runs {
 		if i == 0 || r.Version < oldest {
 			oldest = r.Version
@@ -42,7 +39,7 @@ func versionsRun[S, E any](runs []SchemaRun[S, E]) (oldest, newest int) {
 // it recorded.
 type SchemaRun[S, E any] struct {
 	// Version is the pack's version of the schema, 0 on a side.
-	Version int `json:"version,omitempty"`
+	Version int64 `json:"version,omitempty"`
 	// Side and Made name the side the run is of (SideUpstream, ...), and
 	// what built its schema; empty on a run at a pack version.
 	Side    string `json:"side,omitempty"`
@@ -66,7 +63,7 @@ type SchemaRun[S, E any] struct {
 // Label names the run in tables: its side, or "vN".
 func (r SchemaRun[S, E]) Label() string { return runLabel(r.Version, r.Side) }
 
-func runLabel(version int, side string) string {
+func runLabel(version int64, side string) string {
 	if side != "" {
 		return side
 	}
@@ -75,7 +72,7 @@ func runLabel(version int, side string) string {
 
 // Check is one verdict criterion, of the run at Version or of Side.
 type Check struct {
-	Version int    `json:"version,omitempty"`
+	Version int64  `json:"version,omitempty"`
 	Side    string `json:"side,omitempty"`
 	Name    string `json:"name"`
 	Want    string `json:"want"`
@@ -101,15 +98,23 @@ type Verdict struct {
 // calibration Cal of its lock timeout (nil when the timeout was given), a
 // run per version and the verdict V. It serialises to stable snake_case
 // JSON.
-type Result[Set, Cal, S, E, V any] struct {
+type Result[Set, Cal, S, E any, V verdict] struct {
 	Settings    Set               `json:"settings"`
 	Calibration *Cal              `json:"calibration,omitempty"`
 	Runs        []SchemaRun[S, E] `json:"runs"`
 	Verdict     V                 `json:"verdict"`
 }
 
+// OK is the verdict: the bug shown below the fix, and the fix clean.
+func (r Result[Set, Cal, S, E, V]) OK() bool { return r.Verdict.passed() }
+
+// verdict is a scenario's verdict type: Verdict, or a type embedding it.
+type verdict interface{ passed() bool }
+
+func (v Verdict) passed() bool { return v.OK }
+
 // Run returns the run of version, or nil.
-func (r *Result[Set, Cal, S, E, V]) Run(version int) *SchemaRun[S, E] {
+func (r *Result[Set, Cal, S, E, V]) Run(version int64) *SchemaRun[S, E] {
 	for i := range r.Runs {
 		if r.Runs[i].Version == version {
 			return &r.Runs[i]
@@ -130,7 +135,7 @@ func (r *Result[Set, Cal, S, E, V]) Side(key string) *SchemaRun[S, E] {
 
 // runEach runs the scenario at each of versions, in order, on its schema
 // of schemas, and collects the runs.
-func runEach[S, E any](versions []int, schemas map[int]string, run func(version int, schema string) (SchemaRun[S, E], error)) ([]SchemaRun[S, E], error) {
+func runEach[S, E any](versions []int64, schemas map[int64]string, run func(version int64, schema string) (SchemaRun[S, E], error)) ([]SchemaRun[S, E], error) {
 	var out []SchemaRun[S, E]
 	for _, v := range versions {
 		r, err := run(v, schemas[v])
@@ -199,7 +204,7 @@ func newJudgement() *judgement { return &judgement{bugOK: true, fixOK: true} }
 
 // versionRole is the role of a run at version when fix is the first fixed
 // version.
-func versionRole(version, fix int) role {
+func versionRole(version, fix int64) role {
 	if version < fix {
 		return bugRole
 	}
@@ -233,7 +238,7 @@ func (j *judgement) add(r role, c Check) {
 
 // run notes that a run of role r (at version, or of side) is judged and
 // returns what adds its checks.
-func (j *judgement) run(r role, version int, side string) func(name, want, got string, pass, advisory bool) {
+func (j *judgement) run(r role, version int64, side string) func(name, want, got string, pass, advisory bool) {
 	j.saw(r)
 	return func(name, want, got string, pass, advisory bool) {
 		j.add(r, Check{Version: version, Side: side, Name: name, Want: want, Got: got, Pass: pass, Advisory: advisory})
@@ -249,8 +254,8 @@ func (j *judgement) verdict() Verdict {
 // prepare migrates each schema of schemas (version -> schema name) in the
 // database of src to its version and returns them, as RunOrganic and
 // runWorker take them; scenario names the caller in errors.
-func prepare(ctx context.Context, src *dbconn.Source, scenario string, schemas map[int]string) (map[int]string, error) {
-	out := map[int]string{}
+func prepare(ctx context.Context, src *dbconn.Source, scenario string, schemas map[int64]string) (map[int64]string, error) {
+	out := map[int64]string{}
 	for v, schema := range schemas {
 		if err := migrate.To(ctx, src.Config(), schema, int64(v)); err != nil {
 			return nil, fmt.Errorf("%s: %w", scenario, err)
@@ -261,23 +266,23 @@ func prepare(ctx context.Context, src *dbconn.Source, scenario string, schemas m
 }
 
 // schemasOf names a schema per version of the pair: prefix_vN.
-func schemasOf(prefix string, bug, fix int) map[int]string {
-	return map[int]string{bug: fmt.Sprintf("%s_v%d", prefix, bug), fix: fmt.Sprintf("%s_v%d", prefix, fix)}
+func schemasOf(prefix string, bug, fix int64) map[int64]string {
+	return map[int64]string{bug: fmt.Sprintf("%s_v%d", prefix, bug), fix: fmt.Sprintf("%s_v%d", prefix, fix)}
 }
 
 // checkSchemas returns the versions of schemas (version -> schema name) in
 // ascending order, after checking that each schema is at its version;
 // scenario names the caller in errors, prepare the function that migrates
 // them.
-func checkSchemas(ctx context.Context, src *dbconn.Source, schemas map[int]string, scenario, prepare string) ([]int, error) {
+func checkSchemas(ctx context.Context, src *dbconn.Source, schemas map[int64]string, scenario, prepare string) ([]int64, error) {
 	if len(schemas) == 0 {
 		return nil, fmt.Errorf("%s: no schema to run against", scenario)
 	}
-	versions := make([]int, 0, len(schemas))
+	versions := make([]int64, 0, len(schemas))
 	for v := range schemas {
 		versions = append(versions, v)
 	}
-	sort.Ints(versions)
+	slices.Sort(versions)
 	for _, v := range versions {
 		got, err := schemaVersion(ctx, src, schemas[v])
 		if err != nil {

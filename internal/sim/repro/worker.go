@@ -108,7 +108,7 @@ func workerTimes(cfg worker.Config) worker.Config {
 
 // workerSchemas are the schemas prepareWorker migrates, by version:
 // worker_vN for each of WorkerVersions.
-func workerSchemas() (map[int]string, error) {
+func workerSchemas() (map[int64]string, error) {
 	bug, fix, err := WorkerVersions()
 	if err != nil {
 		return nil, fmt.Errorf("worker: %w", err)
@@ -118,7 +118,7 @@ func workerSchemas() (map[int]string, error) {
 
 // prepareWorker migrates workerSchemas in the database of src, each to its
 // version. It returns the map runWorker takes.
-func prepareWorker(ctx context.Context, src *dbconn.Source) (map[int]string, error) {
+func prepareWorker(ctx context.Context, src *dbconn.Source) (map[int64]string, error) {
 	schemas, err := workerSchemas()
 	if err != nil {
 		return nil, err
@@ -196,7 +196,7 @@ type WorkerResult = Result[WorkerSettings, WorkerCalibration, worker.Summary, wo
 // activity times and skews then scale with the timeout (workerTimes), and
 // the other zero fields take worker's defaults, applied here once.
 // progress, when not nil, receives one line per step.
-func runWorker(ctx context.Context, src *dbconn.Source, schemas map[int]string, cfg WorkerConfig, progress func(string)) (WorkerResult, error) {
+func runWorker(ctx context.Context, src *dbconn.Source, schemas map[int64]string, cfg WorkerConfig, progress func(string)) (WorkerResult, error) {
 	progress = quiet(progress)
 	versions, err := checkSchemas(ctx, src, schemas, "worker", "WorkerRepro")
 	if err != nil {
@@ -223,7 +223,7 @@ func runWorker(ctx context.Context, src *dbconn.Source, schemas map[int]string, 
 		return res, err
 	}
 	res.Settings = workerSettings(wcfg)
-	res.Runs, err = runEach(versions, schemas, func(v int, schema string) (workerRun, error) {
+	res.Runs, err = runEach(versions, schemas, func(v int64, schema string) (workerRun, error) {
 		return runWorkerVersion(ctx, src, v, schema, wcfg, progress)
 	})
 	if err != nil {
@@ -234,7 +234,7 @@ func runWorker(ctx context.Context, src *dbconn.Source, schemas map[int]string, 
 	return res, nil
 }
 
-func runWorkerVersion(ctx context.Context, src *dbconn.Source, version int, schema string, cfg worker.Config, progress func(string)) (workerRun, error) {
+func runWorkerVersion(ctx context.Context, src *dbconn.Source, version int64, schema string, cfg worker.Config, progress func(string)) (workerRun, error) {
 	cfg.Schema = schema
 	run := workerRun{Version: version, Schema: schema}
 	seed, err := worker.Seed(ctx, src, cfg)
@@ -267,7 +267,7 @@ func runWorkerVersion(ctx context.Context, src *dbconn.Source, version int, sche
 // fetch, no lease dead at return, no item delivered twice, every item
 // completed exactly once or still queued. Conservation is advisory below
 // the fix, the newest version run.
-func judgeWorker(runs []workerRun, fix int) WorkerVerdict {
+func judgeWorker(runs []workerRun, fix int64) WorkerVerdict {
 	j := newJudgement()
 	for _, r := range runs {
 		s := r.Summary

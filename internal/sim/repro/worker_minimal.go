@@ -284,15 +284,19 @@ GROUP BY a.pid`, fetcher.PgConn().PID()).Scan(&waitStart)
 
 // RunWorkerMinimal runs WorkerMinimal at each of versions, on schemas[v]
 // in the database of src.
-func RunWorkerMinimal(ctx context.Context, src *dbconn.Source, schemas map[int64]string, versions []int64) ([]WorkerMinimalResult, error) {
+func RunWorkerMinimal(ctx context.Context, src *dbconn.Source, schemas map[int64]string, versions []int64) (WorkerMinimalResults, error) {
 	return atEach(versions, "worker minimal repro", func(v int64) (WorkerMinimalResult, error) {
 		return WorkerMinimal(ctx, src, schemas[v], v, WorkerMinimalConfig{})
 	})
 }
 
-// WorkerMinimalVerdict holds when the first result shows both symptoms and
-// the second neither.
-func WorkerMinimalVerdict(results []WorkerMinimalResult) bool { return pairVerdict(results) }
+// WorkerMinimalResults are the worker minimal repro's results, one per
+// version.
+type WorkerMinimalResults []WorkerMinimalResult
+
+// OK is the worker minimal repro's verdict: the first result shows both
+// symptoms and the second neither.
+func (results WorkerMinimalResults) OK() bool { return pairVerdict(results) }
 
 // PrintWorkerMinimal writes the worker minimal repro's results side by
 // side, with its settings and its verdict.

@@ -28,10 +28,10 @@ func TestWorkerMinimalShowsBothSymptomsBeforeTheFixAndNeitherAfter(t *testing.T)
 	require.NoError(t, verr)
 	require.Less(t, bug, fix)
 
-	run := func(v int) repro.WorkerMinimalResult {
+	run := func(v int64) repro.WorkerMinimalResult {
 		schema := fmt.Sprintf("worker_minimal_v%d", v)
-		require.NoError(t, migrate.To(ctx, src.Config(), schema, int64(v)))
-		res, err := repro.WorkerMinimal(ctx, src, schema, int64(v), repro.WorkerMinimalConfig{})
+		require.NoError(t, migrate.To(ctx, src.Config(), schema, v))
+		res, err := repro.WorkerMinimal(ctx, src, schema, v, repro.WorkerMinimalConfig{})
 		require.NoError(t, err)
 		t.Logf("v%d: %+v", v, res)
 		return res
