@@ -8,7 +8,6 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/duroxide-pg/migrations/harness/ops/migrate"
 	"github.com/duroxide-pg/migrations/internal/cli"
 	"github.com/duroxide-pg/migrations/internal/dbconn"
 	"github.com/duroxide-pg/migrations/internal/sim/repro"
@@ -16,17 +15,17 @@ import (
 	"github.com/duroxide-pg/migrations/internal/testenv/upstream"
 )
 
-// reproSetup is one throwaway database with one schema per version.
+// reproSetup is the repros' throwaway database; each repro makes its own
+// schemas in it.
 type reproSetup struct {
-	srv     *pgtest.Server
-	name    string
-	db      *dbconn.Source
-	schemas map[int64]string
+	srv  *pgtest.Server
+	name string
+	db   *dbconn.Source
 }
 
-// setupRepro starts (or borrows, with dsn) a server, creates a database and
-// migrates schema duroxide_v<N> to N for every version.
-func setupRepro(ctx context.Context, env *cli.Env, dsn string, versions []int64) (*reproSetup, error) {
+// setupRepro starts (or borrows, with dsn) a server and creates a
+// database.
+func setupRepro(ctx context.Context, env *cli.Env, dsn string) (*reproSetup, error) {
 	srv, err := obtainServer(ctx, dsn)
 	if err != nil {
 		return nil, err
@@ -41,21 +40,8 @@ func setupRepro(ctx context.Context, env *cli.Env, dsn string, versions []int64)
 		srv.Close(context.Background())
 		return nil, err
 	}
-	s := &reproSetup{srv: srv, name: name, db: db, schemas: map[int64]string{}}
-	for _, v := range versions {
-		schema := fmt.Sprintf("duroxide_v%d", v)
-		if err := migrate.To(ctx, s.db.Config(), schema, v); err != nil {
-			s.close()
-			return nil, err
-		}
-		s.schemas[v] = schema
-	}
-	if len(s.schemas) > 0 {
-		fmt.Fprintf(env.Stderr, "harness-lab: %s database, schemas %v\n", srv.Backend(), s.schemas)
-	} else {
-		fmt.Fprintf(env.Stderr, "harness-lab: %s database %s\n", srv.Backend(), name)
-	}
-	return s, nil
+	fmt.Fprintf(env.Stderr, "%s: %s database %s\n", env.Program, srv.Backend(), name)
+	return &reproSetup{srv: srv, name: name, db: db}, nil
 }
 
 func (s *reproSetup) close() { _ = s.srv.Close(context.Background()) }
@@ -77,9 +63,6 @@ type reproScenario interface {
 	validate(chosen bool) error
 	// needsUpstream: the repro makes sides with the real provider.
 	needsUpstream() bool
-	// schemas are the versions the repro database gets a schema
-	// duroxide_vN of before the repros run (nil: none).
-	schemas() []int64
 	run(ctx context.Context, in *reproRun) error
 }
 
@@ -185,11 +168,7 @@ func runRepro(ctx context.Context, env *cli.Env, args []string) error {
 			return fmt.Errorf("repro: %w", err)
 		}
 	}
-	var versions []int64
-	for _, s := range chosen {
-		versions = append(versions, s.schemas()...)
-	}
-	setup, err := setupRepro(ctx, env, *dsn, versions)
+	setup, err := setupRepro(ctx, env, *dsn)
 	if err != nil {
 		return err
 	}

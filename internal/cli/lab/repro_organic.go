@@ -24,7 +24,6 @@ type organicRepro struct {
 
 func (*organicRepro) kind() string        { return "organic" }
 func (*organicRepro) needsUpstream() bool { return true }
-func (*organicRepro) schemas() []int64    { return nil }
 
 func (o *organicRepro) register(fs *flag.FlagSet) {
 	o.cfg = repro.OrganicDefaults()

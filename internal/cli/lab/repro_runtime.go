@@ -31,7 +31,6 @@ type runtimeRepro struct {
 
 func (*runtimeRepro) kind() string        { return "runtime" }
 func (*runtimeRepro) needsUpstream() bool { return true }
-func (*runtimeRepro) schemas() []int64    { return nil }
 
 func (r *runtimeRepro) register(fs *flag.FlagSet) {
 	r.held, r.pool = repro.RuntimeDefaults(), repro.RuntimePoolDefaults()

@@ -49,8 +49,8 @@ func (w *workerPair) parse() error {
 	return nil
 }
 
-// workerMinimalRepro is repro.RunWorkerMinimal on schemas duroxide_vN of
-// the repro database, one per --worker-versions.
+// workerMinimalRepro is repro.WorkerMinimalRepro at each of
+// --worker-versions.
 type workerMinimalRepro struct{ pair *workerPair }
 
 func (*workerMinimalRepro) kind() string        { return "worker-minimal" }
@@ -74,11 +74,9 @@ func (m *workerMinimalRepro) validate(chosen bool) error {
 	return nil
 }
 
-func (m *workerMinimalRepro) schemas() []int64 { return m.pair.versions }
-
 func (m *workerMinimalRepro) run(ctx context.Context, in *reproRun) error {
 	in.section()
-	res, err := repro.RunWorkerMinimal(ctx, in.setup.db, in.setup.schemas, m.pair.versions)
+	res, err := repro.WorkerMinimalRepro(ctx, in.setup.db, m.pair.versions)
 	in.report.WorkerMinimal = res
 	return in.done("worker_minimal", res.OK(), err, func() error { return repro.PrintWorkerMinimal(in.env.Stdout, res) })
 }
@@ -93,7 +91,6 @@ type workerRepro struct {
 
 func (*workerRepro) kind() string        { return "worker" }
 func (*workerRepro) needsUpstream() bool { return false }
-func (*workerRepro) schemas() []int64    { return nil }
 
 func (w *workerRepro) register(fs *flag.FlagSet) {
 	w.cfg = repro.WorkerDefaults()

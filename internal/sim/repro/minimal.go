@@ -21,6 +21,7 @@ import (
 	"github.com/duroxide-pg/migrations/internal/dbconn"
 	"github.com/duroxide-pg/migrations/internal/sim/orch"
 	"github.com/duroxide-pg/migrations/internal/testenv/pgtest"
+	"github.com/duroxide-pg/migrations/internal/testenv/upstream"
 )
 
 // MinimalConfig is the minimal repro's input.
@@ -147,6 +148,16 @@ func Minimal(ctx context.Context, q orch.Querier, schema string, version int64, 
 		res.AckOK = true
 	}
 	return res, nil
+}
+
+// MinimalRepro makes the minimal repro's sides in the database of src
+// (MakeSides, prefix minimal) and runs it (RunMinimal).
+func MinimalRepro(ctx context.Context, src *dbconn.Source, p *upstream.Provider, sides []string) (MinimalResults, error) {
+	made, err := MakeSides(ctx, src, p, "minimal", sides)
+	if err != nil {
+		return nil, fmt.Errorf("minimal repro: %w", err)
+	}
+	return RunMinimal(ctx, src, made)
 }
 
 // RunMinimal runs Minimal on each side's schema, in the database of src,

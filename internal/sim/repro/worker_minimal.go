@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/duroxide-pg/migrations/harness/ops/migrate"
 	"github.com/duroxide-pg/migrations/internal/dbconn"
 	"github.com/duroxide-pg/migrations/internal/sim/worker"
 )
@@ -282,11 +283,16 @@ GROUP BY a.pid`, fetcher.PgConn().PID()).Scan(&waitStart)
 	return nil
 }
 
-// RunWorkerMinimal runs WorkerMinimal at each of versions, on schemas[v]
-// in the database of src.
-func RunWorkerMinimal(ctx context.Context, src *dbconn.Source, schemas map[int64]string, versions []int64) (WorkerMinimalResults, error) {
+// WorkerMinimalRepro migrates a schema worker_minimal_vN to N for each of
+// versions in the database of src, and runs WorkerMinimal on each, in
+// order.
+func WorkerMinimalRepro(ctx context.Context, src *dbconn.Source, versions []int64) (WorkerMinimalResults, error) {
 	return atEach(versions, "worker minimal repro", func(v int64) (WorkerMinimalResult, error) {
-		return WorkerMinimal(ctx, src, schemas[v], v, WorkerMinimalConfig{})
+		schema := fmt.Sprintf("worker_minimal_v%d", v)
+		if err := migrate.To(ctx, src.Config(), schema, v); err != nil {
+			return WorkerMinimalResult{}, err
+		}
+		return WorkerMinimal(ctx, src, schema, v, WorkerMinimalConfig{})
 	})
 }
 
