@@ -266,7 +266,17 @@ func (c Config) negativeField() string {
 	return ""
 }
 
-// Validate rejects a config that cannot run.
+// MinDuration and MaxDuration bound a cell's duration (and the scale
+// scenario's idle polling).
+const (
+	MinDuration = 100 * time.Millisecond
+	MaxDuration = 10 * time.Minute
+)
+
+// Validate rejects a config that cannot run. It is the one check of a
+// config: the lab command parses its flags into one and calls it (a
+// zero field is refused here; Run fills zero fields from Defaults
+// first).
 func (c Config) Validate() error {
 	for _, s := range c.Scenarios {
 		if !validScenario(s) {
@@ -278,8 +288,12 @@ func (c Config) Validate() error {
 			return fmt.Errorf("bench: dispatcher counts must be >= 1, got %d", n)
 		}
 	}
-	if c.Duration < 10*time.Millisecond {
-		return fmt.Errorf("bench: a cell of %v is too short", c.Duration)
+	if c.Duration < MinDuration || c.Duration > MaxDuration {
+		return fmt.Errorf("bench: a cell of %v: give between %v and %v, e.g. 2.5s", c.Duration, MinDuration, MaxDuration)
+	}
+	if c.ScaleCalls < steadyFirstCall || c.ScaleIdleDispatchers < 1 || c.ScaleIdleDuration < MinDuration {
+		return fmt.Errorf("bench: scale: %d calls per figure (at least %d, so that the steady-state plan is measured), %d idle dispatchers (at least 1) for %v (at least %v)",
+			c.ScaleCalls, steadyFirstCall, c.ScaleIdleDispatchers, c.ScaleIdleDuration, MinDuration)
 	}
 	switch {
 	case c.CalibrateHotLockTimeout && c.HotLockTimeout != 0:

@@ -304,3 +304,25 @@ func TestWithDefaultsFillsEveryZeroFieldAndKeepsGivenLists(t *testing.T) {
 	require.False(t, fixed.CalibrateHotLockTimeout, "a hot lock timeout given is used as given")
 	require.NoError(t, fixed.Validate())
 }
+
+// Validate is the one check of a config, the lab command's included: the
+// bounds it holds whichever scenarios run.
+func TestValidateHoldsTheCommandsBounds(t *testing.T) {
+	for name, edit := range map[string]func(*Config){
+		"a cell under 100ms":         func(c *Config) { c.Duration = 99 * time.Millisecond },
+		"a cell over 10m":            func(c *Config) { c.Duration = 11 * time.Minute },
+		"3 scale calls":              func(c *Config) { c.ScaleCalls = 3 },
+		"no idle dispatcher":         func(c *Config) { c.ScaleIdleDispatchers = 0 },
+		"idle polling under 100ms":   func(c *Config) { c.ScaleIdleDuration = time.Millisecond },
+		"a negative hot timeout":     func(c *Config) { c.HotLockTimeout, c.CalibrateHotLockTimeout = -time.Second, false },
+		"a dispatcher count below 1": func(c *Config) { c.QueueDispatchers = []int{0} },
+	} {
+		c := Defaults()
+		c.Scenarios = []string{backlog}
+		edit(&c)
+		require.Error(t, c.Validate(), name)
+	}
+	c := Defaults()
+	c.Scenarios = nil
+	require.NoError(t, c.Validate(), "the defaults, with no scenario of package bench named (the lab's own scenarios only)")
+}

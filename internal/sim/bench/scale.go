@@ -177,9 +177,6 @@ func (c Config) validateScale() error {
 			return fmt.Errorf("bench: scale: completed instance counts must be >= 0, got %d", n)
 		}
 	}
-	if c.ScaleCalls != 0 && c.ScaleCalls < steadyFirstCall {
-		return fmt.Errorf("bench: scale: %d calls per figure: at least %d, so that the steady-state plan is measured", c.ScaleCalls, steadyFirstCall)
-	}
 	return nil
 }
 
