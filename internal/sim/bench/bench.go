@@ -73,11 +73,6 @@ const (
 	scale           = "scale"
 )
 
-// allScenarios lists every scenario in the order a round runs them.
-func allScenarios() []string {
-	return []string{backlog, ScenarioHot, queueOnly, ScenarioMigrate, ScenarioWorker, scale, ScenarioRuntime}
-}
-
 // Config is a benchmark run. Zero fields take Defaults' values, except the
 // slices, which are taken as given when not nil.
 type Config struct {
@@ -89,65 +84,14 @@ type Config struct {
 	// Scenarios to run, from allScenarios.
 	Scenarios []string `json:"scenarios"`
 
-	BacklogInstances   int           `json:"backlog_instances"`
-	BacklogHistory     int           `json:"backlog_history_events"`
-	BacklogDispatchers []int         `json:"backlog_dispatchers"`
-	BacklogLockTimeout time.Duration `json:"-"`
-
-	HotHistory     int `json:"hot_history_events"`
-	HotDispatchers int `json:"hot_dispatchers"`
-	// HotLockTimeout is the hot scenario's lock timeout, unless
-	// CalibrateHotLockTimeout (the default) measures it at start, like the
-	// organic repro (dispatch.Calibrate); it must then be 0.
-	HotLockTimeout          time.Duration `json:"-"`
-	CalibrateHotLockTimeout bool          `json:"-"`
-
-	QueueInstances   int           `json:"queue_instances"`
-	QueueDispatchers []int         `json:"queue_dispatchers"`
-	QueueLockTimeout time.Duration `json:"-"`
-
-	// WorkerDispatchers are the worker counts of the worker scenario (each
-	// run without and with sessions), WorkerItems its backlog and
-	// WorkerLockTimeout its lock timeout (see worker.go).
-	WorkerDispatchers []int         `json:"worker_dispatchers"`
-	WorkerItems       int           `json:"worker_items"`
-	WorkerLockTimeout time.Duration `json:"-"`
-
-	// The scale scenario (scale.go): ScaleBlocked are the K values (blocked
-	// messages), each seeded spread over ScaleSpreadInstances leased
-	// instances and all on one fan-in instance; ScaleClaimable the
-	// claimable instances queued behind them for the one-row fetch;
-	// ScaleCompleted the completed-instance counts, each with
-	// ScaleCompletedHistory history events; ScaleCalls the fetch calls per
-	// figure on one session (at least 7: calls 2-5 are the early figure,
-	// 7 on the steady one); ScaleIdleDispatchers idle dispatchers poll for
-	// ScaleIdleDuration at the largest K; ScaleLargeHistory is the history
-	// (events of about EventBytes) of the instance whose fetch the
-	// completed cells time against the small cycled one's, to split a
-	// fetch's cost between history load and candidate search.
-	ScaleBlocked          []int         `json:"scale_blocked"`
-	ScaleSpreadInstances  int           `json:"scale_spread_instances"`
-	ScaleClaimable        int           `json:"scale_claimable"`
-	ScaleCompleted        []int         `json:"scale_completed"`
-	ScaleCompletedHistory int           `json:"scale_completed_history_events"`
-	ScaleCalls            int           `json:"scale_calls"`
-	ScaleIdleDispatchers  int           `json:"scale_idle_dispatchers"`
-	ScaleIdleDuration     time.Duration `json:"-"`
-	ScaleLargeHistory     int           `json:"scale_large_history_events"`
-
-	// The runtime scenario (runtime.go): the real runtime at each
-	// orchestration concurrency of RuntimeOrchestrationConcurrency, with the
-	// worker concurrency and the orchestration count at the same index;
-	// then one fan-out/fan-in of RuntimeFanIn activities at the last
-	// concurrency; first, the uncontended cell: RuntimeUncontended
-	// orchestrations at 1/1, each started once the one before has
-	// completed. RuntimeWait bounds one run.
-	RuntimeOrchestrationConcurrency []int         `json:"runtime_orchestration_concurrency"`
-	RuntimeWorkerConcurrency        []int         `json:"runtime_worker_concurrency"`
-	RuntimeOrchestrations           []int         `json:"runtime_orchestrations"`
-	RuntimeFanIn                    int           `json:"runtime_fan_in"`
-	RuntimeUncontended              int           `json:"runtime_uncontended"`
-	RuntimeWait                     time.Duration `json:"-"`
+	// Each scenario's own settings, from its file (JSON: flattened, as
+	// the fields of Config).
+	BacklogConfig
+	HotConfig
+	QueueConfig
+	WorkerConfig
+	ScaleConfig
+	RuntimeConfig
 
 	// EventBytes is the approximate size of one seeded history event.
 	EventBytes int `json:"event_bytes"`
@@ -162,88 +106,24 @@ type Config struct {
 // scenario (seeding 100k blocked messages and 100k completed instances
 // with their histories per version, and the slow fetches it measures; see
 // docs/BENCH.md).
-func Defaults() Config {
-	return Config{
-		Rounds:                          3,
-		Duration:                        2500 * time.Millisecond,
-		Scenarios:                       allScenarios(),
-		BacklogInstances:                200,
-		BacklogHistory:                  500,
-		BacklogDispatchers:              []int{1, 4, 8, 16},
-		BacklogLockTimeout:              100 * time.Millisecond,
-		HotHistory:                      5000,
-		HotDispatchers:                  16,
-		CalibrateHotLockTimeout:         true,
-		QueueInstances:                  2000,
-		QueueDispatchers:                []int{1, 8},
-		QueueLockTimeout:                100 * time.Millisecond,
-		WorkerDispatchers:               []int{1, 8},
-		WorkerItems:                     500,
-		WorkerLockTimeout:               defaultWorkerLockTimeout,
-		ScaleBlocked:                    []int{1000, 10000, 100000},
-		ScaleSpreadInstances:            500,
-		ScaleClaimable:                  3,
-		ScaleCompleted:                  []int{0, 10000, 100000},
-		ScaleCompletedHistory:           10,
-		ScaleCalls:                      12,
-		ScaleIdleDispatchers:            32,
-		ScaleIdleDuration:               3 * time.Second,
-		ScaleLargeHistory:               500,
-		RuntimeOrchestrationConcurrency: []int{1, 4, 16},
-		RuntimeWorkerConcurrency:        []int{1, 8, 16},
-		RuntimeOrchestrations:           []int{100, 200, 400},
-		RuntimeFanIn:                    500,
-		RuntimeUncontended:              60,
-		RuntimeWait:                     3 * time.Minute,
-		EventBytes:                      250,
-		PollInterval:                    dispatch.DefaultPollInterval,
-	}
-}
+func Defaults() Config { return Config{}.WithDefaults() }
 
 // WithDefaults fills the unset fields from Defaults: a count or a
 // duration takes the default when it is 0 (a negative one stays, for
 // Validate to reject), a list when it is nil (an empty list is taken as
 // given). The hot lock timeout is unset when neither HotLockTimeout nor
 // CalibrateHotLockTimeout is; it then takes Defaults' calibration.
-// Every field is named here once (TestWithDefaultsFillsEveryZeroFieldAndKeepsGivenLists checks
-// that a zero Config becomes Defaults()).
+// Every field is named once, here or in its scenario's withDefaults
+// (TestDefaultsLeaveNoFieldZero checks that none is forgotten).
 func (c Config) WithDefaults() Config {
-	d := Defaults()
-	defaults.Set(&c.Rounds, d.Rounds)
-	defaults.Set(&c.Duration, d.Duration)
-	list(&c.Scenarios, d.Scenarios)
-	defaults.Set(&c.BacklogInstances, d.BacklogInstances)
-	defaults.Set(&c.BacklogHistory, d.BacklogHistory)
-	list(&c.BacklogDispatchers, d.BacklogDispatchers)
-	defaults.Set(&c.BacklogLockTimeout, d.BacklogLockTimeout)
-	defaults.Set(&c.HotHistory, d.HotHistory)
-	defaults.Set(&c.HotDispatchers, d.HotDispatchers)
-	if c.HotLockTimeout == 0 {
-		c.CalibrateHotLockTimeout = true
+	defaults.Set(&c.Rounds, 3)
+	defaults.Set(&c.Duration, 2500*time.Millisecond)
+	list(&c.Scenarios, allScenarios())
+	defaults.Set(&c.EventBytes, 250)
+	defaults.Set(&c.PollInterval, dispatch.DefaultPollInterval)
+	for _, s := range scenarios() {
+		s.setDefaults(&c)
 	}
-	defaults.Set(&c.QueueInstances, d.QueueInstances)
-	list(&c.QueueDispatchers, d.QueueDispatchers)
-	defaults.Set(&c.QueueLockTimeout, d.QueueLockTimeout)
-	list(&c.WorkerDispatchers, d.WorkerDispatchers)
-	defaults.Set(&c.WorkerItems, d.WorkerItems)
-	defaults.Set(&c.WorkerLockTimeout, d.WorkerLockTimeout)
-	list(&c.ScaleBlocked, d.ScaleBlocked)
-	defaults.Set(&c.ScaleSpreadInstances, d.ScaleSpreadInstances)
-	defaults.Set(&c.ScaleClaimable, d.ScaleClaimable)
-	list(&c.ScaleCompleted, d.ScaleCompleted)
-	defaults.Set(&c.ScaleCompletedHistory, d.ScaleCompletedHistory)
-	defaults.Set(&c.ScaleCalls, d.ScaleCalls)
-	defaults.Set(&c.ScaleIdleDispatchers, d.ScaleIdleDispatchers)
-	defaults.Set(&c.ScaleIdleDuration, d.ScaleIdleDuration)
-	defaults.Set(&c.ScaleLargeHistory, d.ScaleLargeHistory)
-	list(&c.RuntimeOrchestrationConcurrency, d.RuntimeOrchestrationConcurrency)
-	list(&c.RuntimeWorkerConcurrency, d.RuntimeWorkerConcurrency)
-	list(&c.RuntimeOrchestrations, d.RuntimeOrchestrations)
-	defaults.Set(&c.RuntimeFanIn, d.RuntimeFanIn)
-	defaults.Set(&c.RuntimeUncontended, d.RuntimeUncontended)
-	defaults.Set(&c.RuntimeWait, d.RuntimeWait)
-	defaults.Set(&c.EventBytes, d.EventBytes)
-	defaults.Set(&c.PollInterval, d.PollInterval)
 	return c
 }
 
@@ -254,12 +134,19 @@ func list[T any](field *[]T, def []T) {
 	}
 }
 
-// negativeField names the first count or duration of c below 0 ("" when
-// none is).
-func (c Config) negativeField() string {
-	v := reflect.ValueOf(c)
+// negativeField names the first count or duration of c below 0, the
+// scenarios' own settings included ("" when none is).
+func (c Config) negativeField() string { return negativeIn(reflect.ValueOf(c)) }
+
+func negativeIn(v reflect.Value) string {
 	for i := range v.NumField() {
-		if f := v.Field(i); (f.Kind() == reflect.Int || f.Kind() == reflect.Int64) && f.Int() < 0 {
+		f := v.Field(i)
+		switch {
+		case f.Kind() == reflect.Struct && v.Type().Field(i).Anonymous:
+			if name := negativeIn(f); name != "" {
+				return name
+			}
+		case (f.Kind() == reflect.Int || f.Kind() == reflect.Int64) && f.Int() < 0:
 			return v.Type().Field(i).Name
 		}
 	}
@@ -283,31 +170,11 @@ func (c Config) Validate() error {
 			return fmt.Errorf("bench: unknown scenario %q (have %s)", s, strings.Join(allScenarios(), ", "))
 		}
 	}
-	for _, n := range append(append(append([]int(nil), c.BacklogDispatchers...), c.QueueDispatchers...), c.WorkerDispatchers...) {
-		if n < 1 {
-			return fmt.Errorf("bench: dispatcher counts must be >= 1, got %d", n)
-		}
-	}
 	if c.Duration < MinDuration || c.Duration > MaxDuration {
 		return fmt.Errorf("bench: a cell of %v: give between %v and %v, e.g. 2.5s", c.Duration, MinDuration, MaxDuration)
 	}
-	if c.ScaleCalls < steadyFirstCall || c.ScaleIdleDispatchers < 1 || c.ScaleIdleDuration < MinDuration {
-		return fmt.Errorf("bench: scale: %d calls per figure (at least %d, so that the steady-state plan is measured), %d idle dispatchers (at least 1) for %v (at least %v)",
-			c.ScaleCalls, steadyFirstCall, c.ScaleIdleDispatchers, c.ScaleIdleDuration, MinDuration)
-	}
-	switch {
-	case c.CalibrateHotLockTimeout && c.HotLockTimeout != 0:
-		return fmt.Errorf("bench: HotLockTimeout %v with CalibrateHotLockTimeout: give one", c.HotLockTimeout)
-	case c.has(ScenarioHot) && !c.CalibrateHotLockTimeout && c.HotLockTimeout < time.Millisecond:
-		return fmt.Errorf("bench: HotLockTimeout %v: give at least 1ms, or CalibrateHotLockTimeout", c.HotLockTimeout)
-	}
-	if c.has(ScenarioRuntime) {
-		if err := c.validateRuntime(); err != nil {
-			return err
-		}
-	}
-	if c.has(scale) {
-		if err := c.validateScale(); err != nil {
+	for _, s := range scenarios() {
+		if err := s.validate(c, slices.Contains(c.Scenarios, s.name())); err != nil {
 			return err
 		}
 	}
@@ -318,8 +185,6 @@ func (c Config) Validate() error {
 }
 
 func validScenario(s string) bool { return slices.Contains(allScenarios(), s) }
-
-func (c Config) has(s string) bool { return slices.Contains(c.Scenarios, s) }
 
 // Cell is one scenario at one dispatcher count: its settings, every round
 // of every side, and the figures (medians, ratios).
@@ -414,30 +279,13 @@ type Progress struct {
 	Elapsed     time.Duration
 }
 
-// Steps is the number of cell runs a config makes.
+// Steps is the number of cell runs a config makes: each scenario's cell
+// runs of one round, every round (Run reports each through note).
 func (c Config) Steps() int {
 	c = c.WithDefaults()
 	per := 0
-	if c.has(backlog) {
-		per += 2 * len(c.BacklogDispatchers)
-	}
-	if c.has(ScenarioHot) {
-		per += 2
-	}
-	if c.has(queueOnly) {
-		per += 3 * len(c.QueueDispatchers)
-	}
-	if c.has(ScenarioMigrate) {
-		per += 2
-	}
-	if c.has(ScenarioWorker) {
-		per += c.workerSteps()
-	}
-	if c.has(scale) {
-		per += 2 * len(scaleCells(c, 0, 0))
-	}
-	if c.has(ScenarioRuntime) {
-		per += len(runtimeSides()) * len(runtimeCells(c))
+	for _, s := range c.chosen() {
+		per += s.steps(c)
 	}
 	return per * c.Rounds
 }
@@ -488,148 +336,39 @@ func Run(ctx context.Context, srv Databases, cfg Config, progress func(Progress)
 	res.Server.CPU = cpuSource
 
 	step := 0
-	note := func(round int, label string) {
+	r := &runState{srv: srv, src: src, cfg: cfg, cpu: cpu, res: &res, start: start, progress: progress,
+		schemas: map[schemaKey]prepared{}, cellOf: map[string]*Cell{}}
+	r.note = func(round int, label string) {
 		step++
 		progress(Progress{Step: step, Steps: cfg.Steps(), Round: round, Rounds: cfg.Rounds, Label: label, Elapsed: time.Since(start)})
 	}
+	r.before, r.after, r.pairErr = Versions()
+	chosen := cfg.chosen()
 
-	// Schemas: one per dispatcher scenario and version, plus the bare queue's.
-	type key struct {
-		scenario string
-		side     string
-	}
-	schemas := map[key]prepared{}
-	prep := func(scenario, side string, version int64, dcfg dispatch.Config, dropHistory bool) error {
-		schema := fmt.Sprintf("bench_%s_%s", scenario, side)
-		if err := migrateSchema(ctx, src, schema, version); err != nil {
-			return err
-		}
-		dcfg.Schema = schema
-		if _, err := dispatch.Seed(ctx, src, dcfg); err != nil {
-			return fmt.Errorf("bench: seed %s: %w", schema, err)
-		}
-		p := prepared{schema: schema, history: dcfg.HistoryEvents}
-		if dropHistory {
-			p.history = 0
-		}
-		if err := snapshot(ctx, src, p, dropHistory); err != nil {
-			return err
-		}
-		schemas[key{scenario, side}] = p
-		return nil
-	}
-	bugVersion, fixVersion, err := Versions()
-	if err != nil && (cfg.has(backlog) || cfg.has(ScenarioHot) || cfg.has(queueOnly) || cfg.has(ScenarioMigrate)) {
-		return res, err
-	}
-	versions := map[string]int64{sideBefore: bugVersion, sideAfter: fixVersion}
-	progress(Progress{Steps: cfg.Steps(), Rounds: cfg.Rounds, Label: "migrating and seeding the schemas", Elapsed: time.Since(start)})
-	for _, side := range []string{sideBefore, sideAfter} {
-		if cfg.has(backlog) {
-			if err := prep(backlog, side, versions[side], backlogConfig(cfg, 1), false); err != nil {
-				return res, err
-			}
-		}
-		if cfg.has(ScenarioHot) {
-			if err := prep(ScenarioHot, side, versions[side], hotConfig(cfg), false); err != nil {
-				return res, err
-			}
-		}
-		if cfg.has(queueOnly) {
-			if err := prep(queueOnly, side, versions[side], queueConfig(cfg, 1), true); err != nil {
-				return res, err
-			}
-		}
-	}
-	if cfg.has(queueOnly) {
-		if err := prep(queueOnly, sideBare, fixVersion, queueConfig(cfg, 1), true); err != nil {
+	r.phase("migrating and seeding the schemas")
+	for _, s := range chosen {
+		if err := s.prepare(ctx, r); err != nil {
 			return res, err
 		}
 	}
-
-	if cfg.has(ScenarioHot) && cfg.CalibrateHotLockTimeout {
-		progress(Progress{Steps: cfg.Steps(), Rounds: cfg.Rounds, Label: "calibrating the hot lock timeout", Elapsed: time.Since(start)})
-		cal, err := calibrateHot(ctx, src, schemas[key{ScenarioHot, sideBefore}], cfg)
-		if err != nil {
-			return res, err
-		}
-		res.HotCalibration = &cal
-		cfg.HotLockTimeout = cal.LockTimeout
-		res.Settings.HotLockTimeoutMs = cal.LockTimeoutMs
+	// The cells, in report order (after prepare: the hot cell's lock
+	// timeout may have been calibrated).
+	cmp := Comparison[Sample]{BeforeVersion: r.before, AfterVersion: r.after}
+	for _, s := range chosen {
+		res.Cells = append(res.Cells, s.cells(r.cfg, cmp)...)
 	}
-
-	var wb *workerBench
-	if cfg.has(ScenarioWorker) {
-		if wb, err = newWorkerBench(ctx, src, cfg); err != nil {
-			return res, err
-		}
-	}
-
-	// The cells, in report order.
-	cellOf := map[string]*Cell{}
-	res.Cells = cells(cfg, bugVersion, fixVersion)
 	for i := range res.Cells {
-		cellOf[res.Cells[i].Name()] = &res.Cells[i]
-	}
-	dispatchCell := func(round int, scenario string, n int, dcfg dispatch.Config) error {
-		c := cellOf[(&Cell{Scenario: scenario, Dispatchers: n}).Name()]
-		return c.runRound(round, c.Name(), note, func(side string) (Sample, error) {
-			return runDispatch(ctx, src, schemas[key{scenario, side}], dcfg, cpu)
-		})
+		r.cellOf[res.Cells[i].Name()] = &res.Cells[i]
 	}
 	for round := 1; round <= cfg.Rounds; round++ {
-		if cfg.has(backlog) {
-			for _, n := range cfg.BacklogDispatchers {
-				if err := dispatchCell(round, backlog, n, backlogConfig(cfg, n)); err != nil {
-					return res, err
-				}
-			}
-		}
-		if cfg.has(ScenarioHot) {
-			if err := dispatchCell(round, ScenarioHot, cfg.HotDispatchers, hotConfig(cfg)); err != nil {
-				return res, err
-			}
-		}
-		if cfg.has(queueOnly) {
-			for _, n := range cfg.QueueDispatchers {
-				if err := dispatchCell(round, queueOnly, n, queueConfig(cfg, n)); err != nil {
-					return res, err
-				}
-				c := cellOf[(&Cell{Scenario: queueOnly, Dispatchers: n}).Name()]
-				note(round, c.Name()+" bare")
-				sample, err := runBareCell(ctx, src, schemas[key{queueOnly, sideBare}], n, cfg, cpu)
-				if err != nil {
-					return res, fmt.Errorf("bench: %s bare round %d: %w", c.Name(), round, err)
-				}
-				c.record(round, sideBare, sample)
-			}
-		}
-		if cfg.has(ScenarioMigrate) {
-			c := cellOf[(&Cell{Scenario: ScenarioMigrate}).Name()]
-			err := c.runRound(round, c.Name(), note, func(side string) (Sample, error) {
-				ms, err := timeMigration(ctx, srv, c.Version(side))
-				return Sample{WallMs: fp(ms)}, err
-			})
-			if err != nil {
-				return res, err
-			}
-		}
-		if wb != nil {
-			if err := wb.round(ctx, round, note); err != nil {
+		for _, s := range chosen {
+			if err := s.round(ctx, r, round); err != nil {
 				return res, err
 			}
 		}
 	}
-	if wb != nil {
-		res.Worker = wb.finish()
-	}
-	if cfg.has(scale) {
-		if res.Scale, err = runScale(ctx, src, cfg, cpu, note); err != nil {
-			return res, err
-		}
-	}
-	if cfg.has(ScenarioRuntime) {
-		if res.Runtime, err = runRuntime(ctx, src, cfg, cpu, note); err != nil {
+	for _, s := range chosen {
+		if err := s.after(ctx, r); err != nil {
 			return res, err
 		}
 	}
@@ -639,34 +378,6 @@ func Run(ctx context.Context, srv Databases, cfg Config, progress func(Progress)
 	res.Targets = append(evaluateTargets(&res), runtimeTargets(res.Runtime)...)
 	res.TotalS = time.Since(start).Seconds()
 	return res, nil
-}
-
-// cells are the dispatcher and migrate cells of cfg, in report order, each
-// comparing versions before and after, with no round run yet.
-func cells(cfg Config, before, after int64) []Cell {
-	var out []Cell
-	cmp := Comparison[Sample]{BeforeVersion: before, AfterVersion: after}
-	dur := cfg.Duration.Seconds()
-	if cfg.has(backlog) {
-		for _, n := range cfg.BacklogDispatchers {
-			out = append(out, Cell{Scenario: backlog, Dispatchers: n, Instances: cfg.BacklogInstances, HistoryEvents: cfg.BacklogHistory,
-				LockTimeoutMs: cfg.BacklogLockTimeout.Milliseconds(), DurationS: dur, Comparison: cmp})
-		}
-	}
-	if cfg.has(ScenarioHot) {
-		out = append(out, Cell{Scenario: ScenarioHot, Dispatchers: cfg.HotDispatchers, Instances: 1, HistoryEvents: cfg.HotHistory,
-			LockTimeoutMs: cfg.HotLockTimeout.Milliseconds(), DurationS: dur, Comparison: cmp})
-	}
-	if cfg.has(queueOnly) {
-		for _, n := range cfg.QueueDispatchers {
-			out = append(out, Cell{Scenario: queueOnly, Dispatchers: n, Instances: cfg.QueueInstances, HistoryEvents: 0,
-				LockTimeoutMs: cfg.QueueLockTimeout.Milliseconds(), DurationS: dur, Comparison: cmp})
-		}
-	}
-	if cfg.has(ScenarioMigrate) {
-		out = append(out, Cell{Scenario: ScenarioMigrate, Comparison: cmp})
-	}
-	return out
 }
 
 func backlogConfig(cfg Config, n int) dispatch.Config {

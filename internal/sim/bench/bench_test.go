@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -229,13 +230,13 @@ func smokeConfig() Config {
 	return Config{
 		Rounds: 1, Duration: 250 * time.Millisecond, // long enough for a worker cycle on a loaded CI machine
 		// The runtime scenario has its own smoke run (TestRuntimeSmokeRun).
-		Scenarios:        slices.DeleteFunc(allScenarios(), func(s string) bool { return s == ScenarioRuntime }),
-		BacklogInstances: 10, BacklogHistory: 20, BacklogDispatchers: []int{2},
-		HotHistory: 40, HotDispatchers: 2, HotLockTimeout: time.Second,
-		QueueInstances: 20, QueueDispatchers: []int{1},
-		WorkerDispatchers: []int{2}, WorkerItems: 20,
-		ScaleBlocked: []int{10, 100}, ScaleSpreadInstances: 5, ScaleClaimable: 2, ScaleCompleted: []int{0, 20},
-		ScaleCalls: 7, ScaleIdleDispatchers: 2, ScaleIdleDuration: 200 * time.Millisecond,
+		Scenarios:     slices.DeleteFunc(allScenarios(), func(s string) bool { return s == ScenarioRuntime }),
+		BacklogConfig: BacklogConfig{BacklogInstances: 10, BacklogHistory: 20, BacklogDispatchers: []int{2}},
+		HotConfig:     HotConfig{HotHistory: 40, HotDispatchers: 2, HotLockTimeout: time.Second},
+		QueueConfig:   QueueConfig{QueueInstances: 20, QueueDispatchers: []int{1}},
+		WorkerConfig:  WorkerConfig{WorkerDispatchers: []int{2}, WorkerItems: 20},
+		ScaleConfig: ScaleConfig{ScaleBlocked: []int{10, 100}, ScaleSpreadInstances: 5, ScaleClaimable: 2, ScaleCompleted: []int{0, 20},
+			ScaleCalls: 7, ScaleIdleDispatchers: 2, ScaleIdleDuration: 200 * time.Millisecond},
 	}
 }
 
@@ -288,9 +289,33 @@ func TestSmokeRun(t *testing.T) {
 	require.NoError(t, WriteReport(t.TempDir(), &res))
 }
 
+// Defaults is a zero Config with its defaults: every field of it, the
+// scenarios' own included, must then be set, or some scenario's
+// withDefaults forgot one. The hot lock timeout alone is zero: it is
+// calibrated.
+func TestDefaultsLeaveNoFieldZero(t *testing.T) {
+	var zero []string
+	var walk func(v reflect.Value)
+	walk = func(v reflect.Value) {
+		for i := range v.NumField() {
+			f, field := v.Field(i), v.Type().Field(i)
+			switch {
+			case field.Anonymous && f.Kind() == reflect.Struct:
+				walk(f)
+			case f.IsZero() && field.Name != "HotLockTimeout":
+				zero = append(zero, field.Name)
+			}
+		}
+	}
+	d := Defaults()
+	walk(reflect.ValueOf(d))
+	require.Empty(t, zero, "fields Defaults leaves zero")
+	require.True(t, d.CalibrateHotLockTimeout)
+	require.Equal(t, 3*(8+2+6+2+8+2*10+4*5), d.Steps(), "the full benchmark's cells, as before")
+}
+
 func TestWithDefaultsFillsEveryZeroFieldAndKeepsGivenLists(t *testing.T) {
-	require.Equal(t, Defaults(), Config{}.WithDefaults(), "an empty config is the full benchmark")
-	c := Config{Rounds: 0, HotDispatchers: 4, QueueDispatchers: []int{}, Duration: time.Second}.WithDefaults()
+	c := Config{Rounds: 0, HotConfig: HotConfig{HotDispatchers: 4}, QueueConfig: QueueConfig{QueueDispatchers: []int{}}, Duration: time.Second}.WithDefaults()
 	require.Equal(t, Defaults().Rounds, c.Rounds, "a zero count takes the default")
 	require.Equal(t, 4, c.HotDispatchers, "a count given stays")
 	require.Equal(t, time.Second, c.Duration, "a duration given stays")
@@ -300,7 +325,7 @@ func TestWithDefaultsFillsEveryZeroFieldAndKeepsGivenLists(t *testing.T) {
 	neg := Config{Rounds: -1}.WithDefaults()
 	require.Equal(t, -1, neg.Rounds, "a negative count is not replaced")
 	require.EqualError(t, neg.Validate(), "bench: Config.Rounds must not be negative")
-	fixed := Config{HotLockTimeout: time.Second}.WithDefaults()
+	fixed := Config{HotConfig: HotConfig{HotLockTimeout: time.Second}}.WithDefaults()
 	require.False(t, fixed.CalibrateHotLockTimeout, "a hot lock timeout given is used as given")
 	require.NoError(t, fixed.Validate())
 }

@@ -27,6 +27,7 @@ import (
 	migrations "github.com/duroxide-pg/migrations"
 	"github.com/duroxide-pg/migrations/harness/ops/migrate"
 	"github.com/duroxide-pg/migrations/internal/dbconn"
+	"github.com/duroxide-pg/migrations/internal/sim/defaults"
 	"github.com/duroxide-pg/migrations/internal/testenv/upstream"
 )
 
@@ -806,4 +807,59 @@ func runtimeMarkdown(rb *RuntimeBench, rounds int, wait time.Duration) string {
 	}
 	b.WriteString("\n")
 	return b.String()
+}
+
+// RuntimeConfig is the runtime scenario's part of Config: the real
+// runtime at each orchestration concurrency of
+// RuntimeOrchestrationConcurrency, with the worker concurrency and the
+// orchestration count at the same index; then one fan-out/fan-in of
+// RuntimeFanIn activities at the last concurrency; first, the uncontended
+// cell: RuntimeUncontended orchestrations at 1/1, each started once the
+// one before has completed. RuntimeWait bounds one run.
+type RuntimeConfig struct {
+	RuntimeOrchestrationConcurrency []int         `json:"runtime_orchestration_concurrency"`
+	RuntimeWorkerConcurrency        []int         `json:"runtime_worker_concurrency"`
+	RuntimeOrchestrations           []int         `json:"runtime_orchestrations"`
+	RuntimeFanIn                    int           `json:"runtime_fan_in"`
+	RuntimeUncontended              int           `json:"runtime_uncontended"`
+	RuntimeWait                     time.Duration `json:"-"`
+}
+
+func runtimeDefaults() RuntimeConfig {
+	return RuntimeConfig{RuntimeOrchestrationConcurrency: []int{1, 4, 16}, RuntimeWorkerConcurrency: []int{1, 8, 16},
+		RuntimeOrchestrations: []int{100, 200, 400}, RuntimeFanIn: 500, RuntimeUncontended: 60, RuntimeWait: 3 * time.Minute}
+}
+
+func (c RuntimeConfig) withDefaults() RuntimeConfig {
+	d := runtimeDefaults()
+	list(&c.RuntimeOrchestrationConcurrency, d.RuntimeOrchestrationConcurrency)
+	list(&c.RuntimeWorkerConcurrency, d.RuntimeWorkerConcurrency)
+	list(&c.RuntimeOrchestrations, d.RuntimeOrchestrations)
+	defaults.Set(&c.RuntimeFanIn, d.RuntimeFanIn)
+	defaults.Set(&c.RuntimeUncontended, d.RuntimeUncontended)
+	defaults.Set(&c.RuntimeWait, d.RuntimeWait)
+	return c
+}
+
+// runtimeScenario runs RuntimeConfig on upstream's schema, the previous
+// fix and the latest, in rounds of its own after the others'.
+type runtimeScenario struct{ noCells }
+
+func (runtimeScenario) setDefaults(c *Config) { c.RuntimeConfig = c.RuntimeConfig.withDefaults() }
+
+func (runtimeScenario) name() string { return ScenarioRuntime }
+
+func (runtimeScenario) steps(c Config) int { return len(runtimeSides()) * len(runtimeCells(c)) }
+
+func (runtimeScenario) validate(c Config, chosen bool) error {
+	if !chosen {
+		return nil
+	}
+	return c.validateRuntime()
+}
+
+func (runtimeScenario) after(ctx context.Context, r *runState) error {
+	var err error
+	r.res.Runtime, err = runRuntime(ctx, r.src, r.cfg, r.cpu, r.note)
+	return err
 }

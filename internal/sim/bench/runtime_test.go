@@ -21,7 +21,7 @@ func TestRuntimeSmokeRun(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	cfg := Config{Rounds: 1, Duration: 100 * time.Millisecond, Scenarios: []string{ScenarioRuntime},
-		RuntimeOrchestrationConcurrency: []int{2}, RuntimeWorkerConcurrency: []int{2}, RuntimeOrchestrations: []int{10}, RuntimeFanIn: 20, RuntimeUncontended: 3}
+		RuntimeConfig: RuntimeConfig{RuntimeOrchestrationConcurrency: []int{2}, RuntimeWorkerConcurrency: []int{2}, RuntimeOrchestrations: []int{10}, RuntimeFanIn: 20, RuntimeUncontended: 3}}
 	res, err := Run(ctx, s, cfg, nil)
 	require.NoError(t, err)
 	rb := res.Runtime

@@ -4,8 +4,10 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/duroxide-pg/migrations/internal/packfacts"
+	"github.com/duroxide-pg/migrations/internal/sim/defaults"
 
 	migrations "github.com/duroxide-pg/migrations"
 	"github.com/duroxide-pg/migrations/internal/dbconn"
@@ -220,4 +222,78 @@ func runScale(ctx context.Context, src *dbconn.Source, cfg Config, cpu *serverCP
 		c.computeFigures(scaleFigures())
 	}
 	return cells, nil
+}
+
+// ScaleConfig is the scale scenario's part of Config. ScaleBlocked are the
+// K values (blocked messages), each seeded spread over
+// ScaleSpreadInstances leased instances and all on one fan-in instance;
+// ScaleClaimable the claimable instances queued behind them for the
+// one-row fetch; ScaleCompleted the completed-instance counts, each with
+// ScaleCompletedHistory history events; ScaleCalls the fetch calls per
+// figure on one session (at least 7: calls 2-5 are the early figure, 7 on
+// the steady one); ScaleIdleDispatchers idle dispatchers poll for
+// ScaleIdleDuration at the largest K; ScaleLargeHistory is the history
+// (events of about EventBytes) of the instance whose fetch the completed
+// cells time against the small cycled one's, to split a fetch's cost
+// between history load and candidate search.
+type ScaleConfig struct {
+	ScaleBlocked          []int         `json:"scale_blocked"`
+	ScaleSpreadInstances  int           `json:"scale_spread_instances"`
+	ScaleClaimable        int           `json:"scale_claimable"`
+	ScaleCompleted        []int         `json:"scale_completed"`
+	ScaleCompletedHistory int           `json:"scale_completed_history_events"`
+	ScaleCalls            int           `json:"scale_calls"`
+	ScaleIdleDispatchers  int           `json:"scale_idle_dispatchers"`
+	ScaleIdleDuration     time.Duration `json:"-"`
+	ScaleLargeHistory     int           `json:"scale_large_history_events"`
+}
+
+func scaleDefaults() ScaleConfig {
+	return ScaleConfig{ScaleBlocked: []int{1000, 10000, 100000}, ScaleSpreadInstances: 500, ScaleClaimable: 3,
+		ScaleCompleted: []int{0, 10000, 100000}, ScaleCompletedHistory: 10, ScaleCalls: 12,
+		ScaleIdleDispatchers: 32, ScaleIdleDuration: 3 * time.Second, ScaleLargeHistory: 500}
+}
+
+func (c ScaleConfig) withDefaults() ScaleConfig {
+	d := scaleDefaults()
+	list(&c.ScaleBlocked, d.ScaleBlocked)
+	defaults.Set(&c.ScaleSpreadInstances, d.ScaleSpreadInstances)
+	defaults.Set(&c.ScaleClaimable, d.ScaleClaimable)
+	list(&c.ScaleCompleted, d.ScaleCompleted)
+	defaults.Set(&c.ScaleCompletedHistory, d.ScaleCompletedHistory)
+	defaults.Set(&c.ScaleCalls, d.ScaleCalls)
+	defaults.Set(&c.ScaleIdleDispatchers, d.ScaleIdleDispatchers)
+	defaults.Set(&c.ScaleIdleDuration, d.ScaleIdleDuration)
+	defaults.Set(&c.ScaleLargeHistory, d.ScaleLargeHistory)
+	return c
+}
+
+// scaleScenario runs ScaleConfig: the fetch's cost against the rows it
+// skips (blocked messages, completed instances), in rounds of its own after
+// the others'.
+type scaleScenario struct{ noCells }
+
+func (scaleScenario) setDefaults(c *Config) { c.ScaleConfig = c.ScaleConfig.withDefaults() }
+
+func (scaleScenario) name() string { return scale }
+
+func (scaleScenario) steps(c Config) int { return 2 * len(scaleCells(c, 0, 0)) }
+
+// validate holds the calls and the idle settings whatever runs; the
+// counts when the scenario runs.
+func (scaleScenario) validate(c Config, chosen bool) error {
+	if c.ScaleCalls < steadyFirstCall || c.ScaleIdleDispatchers < 1 || c.ScaleIdleDuration < MinDuration {
+		return fmt.Errorf("bench: scale: %d calls per figure (at least %d, so that the steady-state plan is measured), %d idle dispatchers (at least 1) for %v (at least %v)",
+			c.ScaleCalls, steadyFirstCall, c.ScaleIdleDispatchers, c.ScaleIdleDuration, MinDuration)
+	}
+	if !chosen {
+		return nil
+	}
+	return c.validateScale()
+}
+
+func (scaleScenario) after(ctx context.Context, r *runState) error {
+	var err error
+	r.res.Scale, err = runScale(ctx, r.src, r.cfg, r.cpu, r.note)
+	return err
 }

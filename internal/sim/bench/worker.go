@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/duroxide-pg/migrations/internal/dbconn"
+	"github.com/duroxide-pg/migrations/internal/sim/defaults"
 	"github.com/duroxide-pg/migrations/internal/sim/simconfig"
 	"github.com/duroxide-pg/migrations/internal/sim/worker"
 )
@@ -200,3 +201,52 @@ func workerMarkdown(cells []WorkerCell, s Settings) string {
 // defaultWorkerLockTimeout is the worker scenario's lock timeout: long
 // enough that no lease expires, so the figures are of speed alone.
 const defaultWorkerLockTimeout = 5 * time.Second
+
+// WorkerConfig is the worker scenario's part of Config: the worker counts
+// (each run without and with sessions), the backlog and the lock timeout.
+type WorkerConfig struct {
+	WorkerDispatchers []int         `json:"worker_dispatchers"`
+	WorkerItems       int           `json:"worker_items"`
+	WorkerLockTimeout time.Duration `json:"-"`
+}
+
+func workerDefaults() WorkerConfig {
+	return WorkerConfig{WorkerDispatchers: []int{1, 8}, WorkerItems: 500, WorkerLockTimeout: defaultWorkerLockTimeout}
+}
+
+func (c WorkerConfig) withDefaults() WorkerConfig {
+	d := workerDefaults()
+	list(&c.WorkerDispatchers, d.WorkerDispatchers)
+	defaults.Set(&c.WorkerItems, d.WorkerItems)
+	defaults.Set(&c.WorkerLockTimeout, d.WorkerLockTimeout)
+	return c
+}
+
+// workerScenario runs WorkerConfig: activity workers on the worker queue's
+// pair of versions (WorkerVersions).
+type workerScenario struct{ noCells }
+
+func (workerScenario) setDefaults(c *Config) { c.WorkerConfig = c.WorkerConfig.withDefaults() }
+
+func (workerScenario) name() string { return ScenarioWorker }
+
+func (workerScenario) steps(c Config) int { return c.workerSteps() }
+
+func (workerScenario) validate(c Config, _ bool) error {
+	return dispatchersAtLeastOne(c.WorkerDispatchers)
+}
+
+func (workerScenario) prepare(ctx context.Context, r *runState) error {
+	wb, err := newWorkerBench(ctx, r.src, r.cfg)
+	r.worker = wb
+	return err
+}
+
+func (workerScenario) round(ctx context.Context, r *runState, round int) error {
+	return r.worker.round(ctx, round, r.note)
+}
+
+func (workerScenario) after(_ context.Context, r *runState) error {
+	r.res.Worker = r.worker.finish()
+	return nil
+}

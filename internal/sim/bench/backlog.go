@@ -1,0 +1,71 @@
+package bench
+
+import (
+	"context"
+	"time"
+
+	"github.com/duroxide-pg/migrations/internal/sim/defaults"
+)
+
+// BacklogConfig is the backlog scenario's part of Config: BacklogInstances
+// instances with BacklogHistory events each, fetched and acked by each of
+// BacklogDispatchers dispatchers at BacklogLockTimeout.
+type BacklogConfig struct {
+	BacklogInstances   int           `json:"backlog_instances"`
+	BacklogHistory     int           `json:"backlog_history_events"`
+	BacklogDispatchers []int         `json:"backlog_dispatchers"`
+	BacklogLockTimeout time.Duration `json:"-"`
+}
+
+func backlogDefaults() BacklogConfig {
+	return BacklogConfig{BacklogInstances: 200, BacklogHistory: 500, BacklogDispatchers: []int{1, 4, 8, 16}, BacklogLockTimeout: 100 * time.Millisecond}
+}
+
+func (c BacklogConfig) withDefaults() BacklogConfig {
+	d := backlogDefaults()
+	defaults.Set(&c.BacklogInstances, d.BacklogInstances)
+	defaults.Set(&c.BacklogHistory, d.BacklogHistory)
+	list(&c.BacklogDispatchers, d.BacklogDispatchers)
+	defaults.Set(&c.BacklogLockTimeout, d.BacklogLockTimeout)
+	return c
+}
+
+// backlogScenario runs BacklogConfig.
+type backlogScenario struct{ noCells }
+
+func (backlogScenario) setDefaults(c *Config) { c.BacklogConfig = c.BacklogConfig.withDefaults() }
+
+func (backlogScenario) name() string { return backlog }
+
+func (backlogScenario) steps(c Config) int { return 2 * len(c.BacklogDispatchers) }
+
+func (backlogScenario) validate(c Config, _ bool) error {
+	return dispatchersAtLeastOne(c.BacklogDispatchers)
+}
+
+func (backlogScenario) prepare(ctx context.Context, r *runState) error {
+	for _, side := range []string{sideBefore, sideAfter} {
+		if err := r.prep(ctx, backlog, side, r.versionOf(side), backlogConfig(r.cfg, 1), false); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (backlogScenario) cells(c Config, cmp Comparison[Sample]) []Cell {
+	var out []Cell
+	for _, n := range c.BacklogDispatchers {
+		out = append(out, Cell{Scenario: backlog, Dispatchers: n, Instances: c.BacklogInstances, HistoryEvents: c.BacklogHistory,
+			LockTimeoutMs: c.BacklogLockTimeout.Milliseconds(), DurationS: c.Duration.Seconds(), Comparison: cmp})
+	}
+	return out
+}
+
+func (backlogScenario) round(ctx context.Context, r *runState, round int) error {
+	for _, n := range r.cfg.BacklogDispatchers {
+		if err := r.dispatchCell(ctx, round, backlog, n, backlogConfig(r.cfg, n)); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -1,0 +1,154 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/duroxide-pg/migrations/internal/dbconn"
+	"github.com/duroxide-pg/migrations/internal/sim/dispatch"
+)
+
+// scenario is one scenario of a run: its name (in Config.Scenarios and the
+// JSON), its settings (its part of Config, in its file, with their
+// defaults), their validation, how many cell runs one round of
+// it reports, and its run: prepare (its schemas, seeded, before any
+// round), its cells (the dispatcher and migrate cells it adds to the
+// result), one round, and what it does after the rounds (the scenarios
+// that run their own rounds, and the figures they put into the result). A
+// new scenario is a file, a line in scenarios and its part in Config.
+type scenario interface {
+	name() string
+	// setDefaults fills the zero fields of the scenario's part of c.
+	setDefaults(c *Config)
+	// validate checks the scenario's settings in c, whether it runs
+	// (chosen) or not: some bounds hold whatever runs.
+	validate(c Config, chosen bool) error
+	steps(c Config) int
+	prepare(ctx context.Context, r *runState) error
+	cells(c Config, cmp Comparison[Sample]) []Cell
+	round(ctx context.Context, r *runState, round int) error
+	after(ctx context.Context, r *runState) error
+}
+
+// scenarios are every scenario, in the order a round runs them.
+func scenarios() []scenario {
+	return []scenario{backlogScenario{}, hotScenario{}, queueScenario{}, migrateScenario{}, workerScenario{}, scaleScenario{}, runtimeScenario{}}
+}
+
+// allScenarios lists every scenario's name in the order a round runs them.
+func allScenarios() []string {
+	var out []string
+	for _, s := range scenarios() {
+		out = append(out, s.name())
+	}
+	return out
+}
+
+// chosen are the scenarios c names, in the order a round runs them.
+func (c Config) chosen() []scenario {
+	var out []scenario
+	for _, s := range scenarios() {
+		if slices.Contains(c.Scenarios, s.name()) {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// noCells is a scenario's part that does nothing: embedded, it leaves a
+// scenario to write only what it does.
+type noCells struct{}
+
+func (noCells) setDefaults(*Config)                         {}
+func (noCells) validate(Config, bool) error                 { return nil }
+func (noCells) prepare(context.Context, *runState) error    { return nil }
+func (noCells) cells(Config, Comparison[Sample]) []Cell     { return nil }
+func (noCells) round(context.Context, *runState, int) error { return nil }
+func (noCells) after(context.Context, *runState) error      { return nil }
+
+// runState is what the scenarios of one run share.
+type runState struct {
+	srv Databases
+	src *dbconn.Source
+	// cfg is the run's config; a scenario's prepare may settle a value
+	// (the hot lock timeout, calibrated).
+	cfg   Config
+	cpu   *serverCPU
+	res   *Result
+	start time.Time
+	// progress reports a phase; note a step (a cell run).
+	progress func(Progress)
+	note     func(round int, label string)
+	// before and after are the fetch fix's pair (Versions); pairErr says
+	// why there is none.
+	before, after int64
+	pairErr       error
+	// schemas are the seeded schemas of the dispatcher scenarios.
+	schemas map[schemaKey]prepared
+	// cellOf finds a cell of res by its name.
+	cellOf map[string]*Cell
+	worker *workerBench
+}
+
+// schemaKey names a dispatcher scenario's schema: scenario and side.
+type schemaKey struct{ scenario, side string }
+
+// phase reports a step of the run that is not a cell run.
+func (r *runState) phase(label string) {
+	r.progress(Progress{Steps: r.cfg.Steps(), Rounds: r.cfg.Rounds, Label: label, Elapsed: time.Since(r.start)})
+}
+
+// versionOf is the version of side in the fetch fix's pair.
+func (r *runState) versionOf(side string) int64 {
+	if side == sideBefore {
+		return r.before
+	}
+	return r.after
+}
+
+// prep migrates the schema of scenario and side to version, seeds it with
+// dcfg and snapshots it for the rounds' resets (without the history when
+// dropHistory).
+func (r *runState) prep(ctx context.Context, scenario, side string, version int64, dcfg dispatch.Config, dropHistory bool) error {
+	if r.pairErr != nil {
+		return r.pairErr
+	}
+	schema := fmt.Sprintf("bench_%s_%s", scenario, side)
+	if err := migrateSchema(ctx, r.src, schema, version); err != nil {
+		return err
+	}
+	dcfg.Schema = schema
+	if _, err := dispatch.Seed(ctx, r.src, dcfg); err != nil {
+		return fmt.Errorf("bench: seed %s: %w", schema, err)
+	}
+	p := prepared{schema: schema, history: dcfg.HistoryEvents}
+	if dropHistory {
+		p.history = 0
+	}
+	if err := snapshot(ctx, r.src, p, dropHistory); err != nil {
+		return err
+	}
+	r.schemas[schemaKey{scenario, side}] = p
+	return nil
+}
+
+// dispatchCell runs one round of the dispatcher cell of scenario at n
+// dispatchers, each side on its seeded schema.
+func (r *runState) dispatchCell(ctx context.Context, round int, scenario string, n int, dcfg dispatch.Config) error {
+	c := r.cellOf[(&Cell{Scenario: scenario, Dispatchers: n}).Name()]
+	return c.runRound(round, c.Name(), r.note, func(side string) (Sample, error) {
+		return runDispatch(ctx, r.src, r.schemas[schemaKey{scenario, side}], dcfg, r.cpu)
+	})
+}
+
+// dispatchersAtLeastOne refuses a dispatcher (or worker) count below 1.
+func dispatchersAtLeastOne(counts []int) error {
+	for _, n := range counts {
+		if n < 1 {
+			return fmt.Errorf("bench: dispatcher counts must be >= 1, got %d", n)
+		}
+	}
+	return nil
+}
