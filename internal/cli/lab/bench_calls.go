@@ -3,13 +3,9 @@ package lab
 import (
 	"context"
 	"flag"
-	"fmt"
 
-	migrations "github.com/duroxide-pg/migrations"
-	"github.com/duroxide-pg/migrations/harness/ops/migrate"
 	"github.com/duroxide-pg/migrations/internal/callcost"
 	"github.com/duroxide-pg/migrations/internal/cli"
-	"github.com/duroxide-pg/migrations/internal/dbconn"
 	"github.com/duroxide-pg/migrations/internal/sim/orch"
 )
 
@@ -36,12 +32,10 @@ func (s *callsScenario) validate() error {
 }
 
 func (s *callsScenario) run(ctx context.Context, in ownRun) (ownResult, error) {
-	latest := fmt.Sprintf("pack %04d", migrations.Latest())
+	latest, makeLatest := latestSide()
 	sides := callcost.Sides{
-		Upstream: callcost.Side{Name: "upstream 1..21 and 23", Make: in.provider.Migrate},
-		Latest: callcost.Side{Name: latest, Make: func(ctx context.Context, src *dbconn.Source, schema string) error {
-			return migrate.To(ctx, src.Config(), schema, migrations.Latest())
-		}},
+		Upstream: callcost.Side{Name: upstreamSideName, Make: in.provider.Migrate},
+		Latest:   callcost.Side{Name: latest, Make: makeLatest},
 	}
 	filter := orch.RuntimeFilter()
 	results, err := callcost.Run(ctx, in.src, sides, callcost.Cells(filter.Min, filter.Max), s.count, in.rounds, in.progress)

@@ -3,12 +3,8 @@ package lab
 import (
 	"context"
 	"flag"
-	"fmt"
 
-	migrations "github.com/duroxide-pg/migrations"
-	"github.com/duroxide-pg/migrations/harness/ops/migrate"
 	"github.com/duroxide-pg/migrations/internal/cli"
-	"github.com/duroxide-pg/migrations/internal/dbconn"
 	"github.com/duroxide-pg/migrations/internal/planshape"
 	"github.com/duroxide-pg/migrations/internal/sim/orch"
 )
@@ -36,13 +32,8 @@ func (s *plansScenario) validate() error {
 }
 
 func (s *plansScenario) run(ctx context.Context, in ownRun) (ownResult, error) {
-	latest := fmt.Sprintf("pack %04d", migrations.Latest())
-	sides := []planshape.Side{
-		{Name: "upstream 1..21 and 23", Make: in.provider.Migrate},
-		{Name: latest, Make: func(ctx context.Context, src *dbconn.Source, schema string) error {
-			return migrate.To(ctx, src.Config(), schema, migrations.Latest())
-		}},
-	}
+	latest, makeLatest := latestSide()
+	sides := []planshape.Side{{Name: upstreamSideName, Make: in.provider.Migrate}, {Name: latest, Make: makeLatest}}
 	results, err := planshape.Run(ctx, in.src, sides, planshape.Cells(orch.RuntimeFilter()), s.rows, in.progress)
 	if err != nil {
 		return ownResult{}, err

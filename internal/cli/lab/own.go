@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strings"
 
+	migrations "github.com/duroxide-pg/migrations"
+	"github.com/duroxide-pg/migrations/harness/ops/migrate"
 	"github.com/duroxide-pg/migrations/internal/cli"
 	"github.com/duroxide-pg/migrations/internal/dbconn"
 	"github.com/duroxide-pg/migrations/internal/testenv/pgtest"
@@ -114,4 +116,15 @@ func benchDatabase(ctx context.Context, srv *pgtest.Server, prefix string) (src 
 		return nil, "", nil, err
 	}
 	return src, server, drop, nil
+}
+
+// The two sides the lab's own scenarios compare: upstream's schema as its
+// runner makes it, and the pack's latest.
+const upstreamSideName = "upstream 1..21 and 23"
+
+// latestSide is the pack's latest side: its name and how it is made.
+func latestSide() (name string, build func(ctx context.Context, src *dbconn.Source, schema string) error) {
+	return fmt.Sprintf("pack %04d", migrations.Latest()), func(ctx context.Context, src *dbconn.Source, schema string) error {
+		return migrate.To(ctx, src.Config(), schema, migrations.Latest())
+	}
 }

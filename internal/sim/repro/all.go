@@ -6,7 +6,6 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 
 	"github.com/duroxide-pg/migrations/internal/reportfile"
@@ -23,12 +22,9 @@ func Kinds() []string { return []string{"minimal", "organic", "worker-minimal", 
 // (MakeSides, prefix organic; upstream's and the pack's must be among
 // them) and runs it (RunOrganic).
 func OrganicRepro(ctx context.Context, src *dbconn.Source, p *upstream.Provider, cfg OrganicConfig, sides []string, progress func(string)) (OrganicResult, error) {
-	if !slices.Contains(sides, SideUpstream) || !slices.Contains(sides, SidePack) {
-		return OrganicResult{}, fmt.Errorf("organic repro: the verdict compares upstream's side and the pack's; sides %v", sides)
-	}
-	made, err := MakeSides(ctx, src, p, "organic", sides)
+	made, err := onSides(ctx, src, p, "organic repro", "organic", sides, func(side Side) (Side, error) { return side, nil })
 	if err != nil {
-		return OrganicResult{}, fmt.Errorf("organic repro: %w", err)
+		return OrganicResult{}, err
 	}
 	res, err := RunOrganic(ctx, src, made, cfg, progress)
 	if err != nil {

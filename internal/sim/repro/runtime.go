@@ -17,7 +17,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -133,21 +132,14 @@ func RuntimeRepro(ctx context.Context, src *dbconn.Source, p *upstream.Provider,
 	if err := cfg.Validate(); err != nil {
 		return RuntimeResult{}, err
 	}
-	if !slices.Contains(sides, SideUpstream) || !slices.Contains(sides, SidePack) {
-		return RuntimeResult{}, fmt.Errorf("runtime repro: the verdict compares upstream's side and the pack's; sides %v", sides)
-	}
 	res := RuntimeResult{Addon: upstream.AddonPackage, HoldMs: cfg.Hold.Milliseconds(), LockTimeoutMs: RuntimeLockTimeout.Milliseconds()}
-	made, err := MakeSides(ctx, src, p, "runtime", sides)
-	if err != nil {
-		return res, fmt.Errorf("runtime repro: %w", err)
-	}
-	for _, side := range made {
+	var err error
+	res.Sides, err = onSides(ctx, src, p, "runtime repro", "runtime", sides, func(side Side) (RuntimeSide, error) {
 		progress(fmt.Sprintf("runtime repro: %s (%s: %s), %d holds of %v", side.Key, side.Schema, side.Made, cfg.Holds, cfg.Hold))
-		rs, err := runtimeSide(ctx, src, p, side, cfg)
-		if err != nil {
-			return res, err
-		}
-		res.Sides = append(res.Sides, rs)
+		return runtimeSide(ctx, src, p, side, cfg)
+	})
+	if err != nil {
+		return res, err
 	}
 	up, _ := res.Side(SideUpstream)
 	pack, _ := res.Side(SidePack)

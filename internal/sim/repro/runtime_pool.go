@@ -318,29 +318,26 @@ func RuntimePoolRepro(ctx context.Context, src *dbconn.Source, p *upstream.Provi
 	if err := cfg.Validate(); err != nil {
 		return res, err
 	}
-	if !slices.Contains(sides, SideUpstream) || !slices.Contains(sides, SidePack) {
-		return res, fmt.Errorf("runtime pool repro: the verdict compares upstream's side and the pack's; sides %v", sides)
-	}
 	if p == nil {
 		return res, fmt.Errorf("runtime pool repro: needs the real duroxide runtime (%s)", upstream.AddonPackage)
 	}
 	if progress == nil {
 		progress = func(string) {}
 	}
-	made, err := MakeSides(ctx, src, p, "runtime_pool", sides)
-	if err != nil {
-		return res, fmt.Errorf("runtime pool repro: %w", err)
-	}
-	for _, side := range made {
+	var err error
+	res.Sides, err = onSides(ctx, src, p, "runtime pool repro", "runtime_pool", sides, func(side Side) (RuntimePoolSide, error) {
 		progress(fmt.Sprintf("runtime pool repro: %s (%s: %s), pool of %d, %d orchestrations, %d holds of %v",
 			side.Key, side.Schema, side.Made, cfg.PoolMax, cfg.Orchestrations, cfg.Holds, cfg.Hold))
 		rs, err := runtimePoolSide(ctx, src, p, side, cfg)
 		if err != nil {
-			return res, fmt.Errorf("runtime pool repro, side %s: %w", side.Key, err)
+			return rs, fmt.Errorf("runtime pool repro, side %s: %w", side.Key, err)
 		}
 		progress(fmt.Sprintf("runtime pool repro: %s: %d \"Invalid lock token\" lines, %d/%d completed, %d slow acquires (max %d ms)",
 			side.Key, rs.InvalidLockTokens, rs.Completed, rs.Expected, rs.SlowAcquires, rs.SlowAcquireMaxMs))
-		res.Sides = append(res.Sides, rs)
+		return rs, nil
+	})
+	if err != nil {
+		return res, err
 	}
 	res.judge()
 	return res, nil

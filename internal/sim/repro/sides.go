@@ -3,6 +3,7 @@ package repro
 import (
 	"context"
 	"fmt"
+	"slices"
 
 	migrations "github.com/duroxide-pg/migrations"
 	"github.com/duroxide-pg/migrations/harness/ops/migrate"
@@ -98,4 +99,28 @@ func sideOf(sides []Side, key string) (Side, bool) {
 		}
 	}
 	return Side{}, false
+}
+
+// onSides makes the sides (MakeSides, prefix) in the database of src, then
+// runs run on each in turn and collects the results (those before a
+// failing side, with its error); upstream's side and the pack's must be
+// among sides, for the verdict compares them. what names the repro in
+// errors.
+func onSides[R any](ctx context.Context, src *dbconn.Source, p *upstream.Provider, what, prefix string, sides []string, run func(Side) (R, error)) ([]R, error) {
+	if !slices.Contains(sides, SideUpstream) || !slices.Contains(sides, SidePack) {
+		return nil, fmt.Errorf("%s: the verdict compares upstream's side and the pack's; sides %v", what, sides)
+	}
+	made, err := MakeSides(ctx, src, p, prefix, sides)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", what, err)
+	}
+	var out []R
+	for _, side := range made {
+		r, err := run(side)
+		if err != nil {
+			return out, err
+		}
+		out = append(out, r)
+	}
+	return out, nil
 }
