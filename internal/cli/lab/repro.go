@@ -47,7 +47,10 @@ func setupRepro(ctx context.Context, env *cli.Env, dsn string) (*reproSetup, err
 func (s *reproSetup) close() { _ = s.srv.Close(context.Background()) }
 
 // reproUsage is the repro command's synopsis.
-const reproUsage = "usage: harness-lab repro [minimal|organic|worker-minimal|worker|runtime|all] [--sides upstream,candidate,pack] [--form held-key|pool|all] [--worker-versions BUG,FIX] [--json FILE] [--report DIR] [--dsn DSN]"
+func reproUsage() string {
+	return "usage: harness-lab repro [" + strings.Join(append(reproKinds(), "all"), "|") +
+		"] [--sides upstream,candidate,pack] [--form held-key|pool|all] [--worker-versions BUG,FIX] [--json FILE] [--report DIR] [--dsn DSN]"
+}
 
 // reproScenario is one repro of `harness-lab repro`: its kind (what
 // `repro KIND` names), its flags with their defaults, their validation, and
@@ -138,7 +141,7 @@ func runRepro(ctx context.Context, env *cli.Env, args []string) error {
 	}
 	which := "all"
 	if len(pos) > 1 {
-		return cli.Usagef("%s", reproUsage)
+		return cli.Usagef("%s", reproUsage())
 	}
 	if len(pos) == 1 {
 		which = pos[0]
