@@ -40,15 +40,14 @@ func (o *organicRepro) register(fs *flag.FlagSet) {
 }
 
 func (o *organicRepro) validate(bool) error {
-	c := o.cfg
-	if c.Dispatchers < 1 || c.Instances < 1 || c.HistoryEvents < 0 || c.EventBytes < 1 || o.lockTimeout < 0 || c.PollInterval <= 0 || c.TurnTime < 0 || c.Duration <= 0 || c.Skew < 0 {
-		return cli.Usagef("organic settings out of range: dispatchers, instances, event-bytes >= 1; poll, duration > 0; history, lock-timeout, turn, skew >= 0")
+	if o.lockTimeout != 0 {
+		o.cfg.LockTimeout, o.cfg.CalibrateLockTimeout = o.lockTimeout, false
+	}
+	if err := o.cfg.CheckSettings(); err != nil {
+		return cli.Usagef("%v", err)
 	}
 	if o.bouncer != "" && !slices.Contains(pgtest.PoolModes(), o.bouncer) {
 		return cli.Usagef("--pgbouncer %q: use a pool mode, one of %s", o.bouncer, strings.Join(pgtest.PoolModes(), ", "))
-	}
-	if o.lockTimeout != 0 {
-		o.cfg.LockTimeout, o.cfg.CalibrateLockTimeout = o.lockTimeout, false
 	}
 	return nil
 }

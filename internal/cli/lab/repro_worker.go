@@ -106,17 +106,17 @@ func (w *workerRepro) validate(chosen bool) error {
 			return err
 		}
 	}
-	if w.cfg.Runtimes < 1 || w.cfg.Slots < 1 || w.cfg.Duration <= 0 || w.lockTimeout < 0 || w.lockTimeout%time.Second != 0 {
-		return cli.Usagef("worker settings out of range: worker-runtimes, worker-slots >= 1; worker-duration > 0; worker-lock-timeout 0 or whole seconds")
+	if w.lockTimeout != 0 {
+		w.cfg.LockTimeout, w.cfg.CalibrateLockTimeout = w.lockTimeout, false
+	}
+	if err := w.cfg.CheckSettings(); err != nil {
+		return cli.Usagef("%v", err)
 	}
 	if chosen && w.pair.pack == "" {
 		return cli.Usagef("repro: the worker repro compares the pack's pair: %v", w.pair.packErr)
 	}
 	if chosen && w.pair.flag != w.pair.pack {
 		return cli.Usagef("the worker repro compares versions %s only; drop --worker-versions or use `repro worker-minimal`", strings.ReplaceAll(w.pair.pack, ",", " and "))
-	}
-	if w.lockTimeout != 0 {
-		w.cfg.LockTimeout, w.cfg.CalibrateLockTimeout = w.lockTimeout, false
 	}
 	return nil
 }

@@ -2,6 +2,7 @@ package repro
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -83,6 +84,18 @@ type OrganicConfig struct {
 	// version's schema before the first run (dispatch.Calibrate); the same
 	// timeout then serves every version. LockTimeout must then be 0.
 	CalibrateLockTimeout bool
+}
+
+// CheckSettings rejects settings the organic repro cannot run, before
+// anything connects (the schemas are the repro's own, so Schema is not
+// asked for): a dispatcher, an instance and a byte of event at least;
+// positive poll interval and duration; no negative history, lock timeout,
+// turn time or skew.
+func (c OrganicConfig) CheckSettings() error {
+	if c.Dispatchers < 1 || c.Instances < 1 || c.HistoryEvents < 0 || c.EventBytes < 1 || c.LockTimeout < 0 || c.PollInterval <= 0 || c.TurnTime < 0 || c.Duration <= 0 || c.Skew < 0 {
+		return errors.New("organic settings out of range: dispatchers, instances, event-bytes >= 1; poll, duration > 0; history, lock-timeout, turn, skew >= 0")
+	}
+	return nil
 }
 
 // OrganicShort is OrganicDefaults cut to 8 s per version, for the test

@@ -2,6 +2,7 @@ package repro
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"sort"
@@ -80,6 +81,17 @@ type WorkerConfig struct {
 	// WorkerMinLockTimeout, measured on the lowest version's schema before
 	// the first run. LockTimeout must then be 0.
 	CalibrateLockTimeout bool
+}
+
+// CheckSettings rejects settings the worker repro cannot run, before
+// anything connects: a runtime and a slot at least, a positive duration,
+// and a lock timeout of 0 (calibrated) or whole seconds (duroxide-pg
+// sends seconds).
+func (c WorkerConfig) CheckSettings() error {
+	if c.Runtimes < 1 || c.Slots < 1 || c.Duration <= 0 || c.LockTimeout < 0 || c.LockTimeout%time.Second != 0 {
+		return errors.New("worker settings out of range: worker-runtimes, worker-slots >= 1; worker-duration > 0; worker-lock-timeout 0 or whole seconds")
+	}
+	return nil
 }
 
 // workerShort is WorkerDefaults cut to 5 s per version, for the test suite.
