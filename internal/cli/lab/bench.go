@@ -33,7 +33,7 @@ func runBench(ctx context.Context, env *cli.Env, args []string) error {
 	rounds := fs.Int("rounds", def.Rounds, "rounds per cell and version (at least 3)")
 	duration := fs.Duration("duration", def.Duration, "run time of one cell, per version and round")
 	rprev, rlatest := bench.RuntimeVersions()
-	own := ownScenarios()
+	own := benchScenarios()
 	var ownHelp []string
 	for _, s := range own {
 		ownHelp = append(ownHelp, fmt.Sprintf("%s (%s; not run unless named)", s.name(), s.summary()))
@@ -74,24 +74,24 @@ func runBench(ctx context.Context, env *cli.Env, args []string) error {
 	if cfg.ScaleCompleted, err = parseInts("--scale-completed", *scaleCompleted); err != nil {
 		return err
 	}
-	named := map[int]bool{} // the own scenarios named, by index in own
+	named := map[int]bool{} // the lab's scenarios named, by index in own
 	for _, name := range strings.Split(*scenarios, ",") {
-		key := ownKey(name)
+		key := scenarioKey(name)
 		if key == "" {
 			continue
 		}
-		i := slices.IndexFunc(own, func(s ownScenario) bool { return ownKey(s.name()) == key })
+		i := slices.IndexFunc(own, func(s scenario) bool { return scenarioKey(s.name()) == key })
 		if i < 0 {
 			cfg.Scenarios = append(cfg.Scenarios, key)
 			continue
 		}
-		if err := own[i].validate(); err != nil {
-			return err
-		}
 		named[i] = true
 	}
-	var chosen []ownScenario // in ownScenarios' order, each once
+	var chosen []scenario // in benchScenarios' order, each once
 	for i, s := range own {
+		if err := s.validate(named[i]); err != nil {
+			return err
+		}
 		if named[i] {
 			chosen = append(chosen, s)
 		}
@@ -107,7 +107,7 @@ func runBench(ctx context.Context, env *cli.Env, args []string) error {
 		return cli.Usagef("%v", err)
 	}
 	var provider *upstream.Provider
-	if len(chosen) > 0 {
+	if slices.ContainsFunc(chosen, scenario.needsUpstream) {
 		if provider, err = upstream.Find(); err != nil {
 			names := make([]string, len(own))
 			for i, s := range own {
@@ -131,7 +131,7 @@ func runBench(ctx context.Context, env *cli.Env, args []string) error {
 	defer srv.Close(context.Background())
 
 	for _, s := range chosen {
-		if err := runOwn(ctx, env, srv, provider, s, *rounds, *reportDir); err != nil {
+		if err := runBenchScenario(ctx, env, srv, provider, s, *rounds, *reportDir); err != nil {
 			return err
 		}
 	}

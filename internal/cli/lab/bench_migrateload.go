@@ -6,7 +6,6 @@ import (
 	"fmt"
 
 	migrations "github.com/duroxide-pg/migrations"
-	"github.com/duroxide-pg/migrations/internal/cli"
 	"github.com/duroxide-pg/migrations/internal/dbconn"
 	"github.com/duroxide-pg/migrations/internal/migrateload"
 )
@@ -35,32 +34,34 @@ func (s *migrateLoadScenario) load() migrateload.Load {
 	return migrateload.Load{Messages: s.messages, Instances: s.instances, Rate: s.rate, Lead: migrateload.Full().Lead, To: migrations.Latest()}
 }
 
-func (s *migrateLoadScenario) validate() error {
-	if err := s.load().Validate(); err != nil {
-		return cli.Usagef("%v", err)
+func (*migrateLoadScenario) needsUpstream() bool { return true }
+
+func (s *migrateLoadScenario) validate(chosen bool) error {
+	if !chosen {
+		return nil
 	}
-	return nil
+	return usageOf(s.load().Validate())
 }
 
-func (s *migrateLoadScenario) run(ctx context.Context, in ownRun) (ownResult, error) {
+func (s *migrateLoadScenario) run(ctx context.Context, in *scenarioRun) (outcome, error) {
 	starts, err := migrateload.Starts(func(ctx context.Context, src *dbconn.Source, schema string) error {
 		return in.provider.Migrate(ctx, src, schema)
 	})
 	if err != nil {
-		return ownResult{}, err
+		return outcome{}, err
 	}
 	var reps []*migrateload.Report
 	for i, start := range starts {
 		in.progress("from " + start.Name)
 		l := s.load()
 		l.Start = start
-		rep, err := migrateload.Run(ctx, in.src, fmt.Sprintf("load_%d", i+1), l)
+		rep, err := migrateload.Run(ctx, in.db, fmt.Sprintf("load_%d", i+1), l)
 		if err != nil {
-			return ownResult{}, err
+			return outcome{}, err
 		}
 		reps = append(reps, rep)
 	}
-	return ownResult{table: migrateload.Table(reps), reportFile: migrateload.ReportFile, write: func(dir, server string) error {
+	return outcome{parts: []part{table(migrateload.Table(reps))}, reportFile: migrateload.ReportFile, write: func(dir, server string) error {
 		return migrateload.WriteReport(dir, server, reps)
 	}}, nil
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"flag"
 
-	"github.com/duroxide-pg/migrations/internal/cli"
 	"github.com/duroxide-pg/migrations/internal/planshape"
 	"github.com/duroxide-pg/migrations/internal/sim/orch"
 )
@@ -24,21 +23,23 @@ func (s *plansScenario) register(fs *flag.FlagSet) {
 	fs.IntVar(&s.rows, "plans-rows", planshape.DefaultRows, "plans: the rows a call does not need, in every cell")
 }
 
-func (s *plansScenario) validate() error {
-	if s.rows < 1 {
-		return cli.Usagef("--plans-rows %d: at least 1", s.rows)
+func (*plansScenario) needsUpstream() bool { return true }
+
+func (s *plansScenario) validate(chosen bool) error {
+	if !chosen {
+		return nil
 	}
-	return nil
+	return atLeast("plans-rows", s.rows, 1)
 }
 
-func (s *plansScenario) run(ctx context.Context, in ownRun) (ownResult, error) {
+func (s *plansScenario) run(ctx context.Context, in *scenarioRun) (outcome, error) {
 	latest, makeLatest := latestSide()
 	sides := []planshape.Side{{Name: upstreamSideName, Make: in.provider.Migrate}, {Name: latest, Make: makeLatest}}
-	results, err := planshape.Run(ctx, in.src, sides, planshape.Cells(orch.RuntimeFilter()), s.rows, in.progress)
+	results, err := planshape.Run(ctx, in.db, sides, planshape.Cells(orch.RuntimeFilter()), s.rows, in.progress)
 	if err != nil {
-		return ownResult{}, err
+		return outcome{}, err
 	}
-	return ownResult{table: planshape.Table(results), reportFile: planshape.ReportFile, write: func(dir, server string) error {
+	return outcome{parts: []part{table(planshape.Table(results))}, reportFile: planshape.ReportFile, write: func(dir, server string) error {
 		return planshape.WriteReport(dir, server, latest, results)
 	}}, nil
 }

@@ -2,8 +2,8 @@ package lab
 
 import (
 	"context"
-	"flag"
 	"fmt"
+	"io"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -52,27 +52,10 @@ func reproUsage() string {
 		"] [--sides upstream,candidate,pack] [--form held-key|pool|all] [--worker-versions BUG,FIX] [--json FILE] [--report DIR] [--dsn DSN]"
 }
 
-// reproScenario is one repro of `harness-lab repro`: its kind (what
-// `repro KIND` names), its flags with their defaults, their validation, and
-// a run that prints its section and records its result and verdict in the
-// report. Each is one file; a new one is that file and one line in
-// reproScenarios.
-type reproScenario interface {
-	kind() string
-	// register adds the repro's flags, with their defaults, to fs.
-	register(fs *flag.FlagSet)
-	// validate checks the parsed flags, whichever repros run (chosen: this
-	// one does); its error is a usage error.
-	validate(chosen bool) error
-	// needsUpstream: the repro makes sides with the real provider.
-	needsUpstream() bool
-	run(ctx context.Context, in *reproRun) error
-}
-
 // reproScenarios are the repros, in the order `all` runs them.
-func reproScenarios() []reproScenario {
+func reproScenarios() []scenario {
 	pair := &workerPair{}
-	return []reproScenario{
+	return []scenario{
 		minimalRepro{},
 		&organicRepro{},
 		&workerMinimalRepro{pair: pair},
@@ -81,47 +64,21 @@ func reproScenarios() []reproScenario {
 	}
 }
 
-// reproKinds are the repros' kinds, in the order `all` runs them.
+// reproKinds are the repros' names, in the order `all` runs them.
 func reproKinds() []string {
 	var out []string
 	for _, s := range reproScenarios() {
-		out = append(out, s.kind())
+		out = append(out, s.name())
 	}
 	return out
 }
 
-// reproRun is what every repro's run is handed: the database, the
-// provider, the sides, and the report it records into.
-type reproRun struct {
-	env      *cli.Env
-	setup    *reproSetup
-	provider *upstream.Provider
-	sides    []string
-	report   *repro.Report
-	progress func(line string)
-	sections int
-}
-
-// section starts a section of the output: a blank line before every one
-// but the first.
-func (in *reproRun) section() {
-	if in.sections > 0 {
-		fmt.Fprintln(in.env.Stdout)
-	}
-	in.sections++
-}
-
-// done ends a section: err, or the printout, then verdict recorded under
-// key.
-func (in *reproRun) done(key string, verdict bool, err error, print func() error) error {
-	if err != nil {
-		return err
-	}
-	if err := print(); err != nil {
-		return err
-	}
-	in.report.Verdict[key] = verdict
-	return nil
+// reproPart is a repro's parts: res printed, its verdict under key, res
+// recorded into the report.
+func reproPart[R any](key string, res R, ok bool, print func(io.Writer, R) error, record func(*repro.Report, R)) part {
+	return part{key: key, ok: ok,
+		print:  func(w io.Writer) error { return print(w, res) },
+		record: func(r *repro.Report) { record(r, res) }}
 }
 
 func runRepro(ctx context.Context, env *cli.Env, args []string) error {
@@ -150,12 +107,12 @@ func runRepro(ctx context.Context, env *cli.Env, args []string) error {
 	if which != "all" && !slices.Contains(kinds, which) {
 		return cli.Usagef("unknown repro %q: use %s or all", which, strings.Join(kinds, ", "))
 	}
-	var chosen []reproScenario
+	var chosen []scenario
 	for _, s := range scenarios {
-		if err := s.validate(which == "all" || which == s.kind()); err != nil {
+		if err := s.validate(which == "all" || which == s.name()); err != nil {
 			return err
 		}
-		if which == "all" || which == s.kind() {
+		if which == "all" || which == s.name() {
 			chosen = append(chosen, s)
 		}
 	}
@@ -164,7 +121,7 @@ func runRepro(ctx context.Context, env *cli.Env, args []string) error {
 		return err
 	}
 	var provider *upstream.Provider
-	if slices.ContainsFunc(chosen, reproScenario.needsUpstream) {
+	if slices.ContainsFunc(chosen, scenario.needsUpstream) {
 		// Upstream's side, and its candidate's, are made by the real
 		// provider.
 		if provider, err = upstream.Find(); err != nil {
@@ -178,11 +135,20 @@ func runRepro(ctx context.Context, env *cli.Env, args []string) error {
 	defer setup.close()
 
 	report := repro.Report{Verdict: map[string]bool{}}
-	in := &reproRun{env: env, setup: setup, provider: provider, sides: sides, report: &report,
+	in := &scenarioRun{env: env, srv: setup.srv, dbName: setup.name, db: setup.db, provider: provider, sides: sides,
 		progress: func(line string) { fmt.Fprintln(env.Stderr, env.Program+": "+line) }}
+	sections := 0
 	for _, s := range chosen {
-		if err := s.run(ctx, in); err != nil {
+		out, err := s.run(ctx, in)
+		if perr := printed(env.Stdout, out, &sections); err == nil {
+			err = perr
+		}
+		if err != nil {
 			return err
+		}
+		for _, p := range out.parts {
+			p.record(&report)
+			report.Verdict[p.key] = p.ok
 		}
 	}
 	if *reportDir != "" {

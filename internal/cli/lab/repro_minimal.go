@@ -10,14 +10,19 @@ import (
 // minimalRepro is repro.MinimalRepro: one stale fetch on every side.
 type minimalRepro struct{}
 
-func (minimalRepro) kind() string           { return "minimal" }
+func (minimalRepro) name() string { return "minimal" }
+func (minimalRepro) summary() string {
+	return "one fetch with a timestamp minted before a wait, on every side"
+}
 func (minimalRepro) register(*flag.FlagSet) {}
 func (minimalRepro) validate(bool) error    { return nil }
 func (minimalRepro) needsUpstream() bool    { return true }
 
-func (minimalRepro) run(ctx context.Context, in *reproRun) error {
-	in.section()
-	res, err := repro.MinimalRepro(ctx, in.setup.db, in.provider, in.sides)
-	in.report.Minimal = res
-	return in.done("minimal", res.OK(), err, func() error { return repro.PrintMinimal(in.env.Stdout, res) })
+func (minimalRepro) run(ctx context.Context, in *scenarioRun) (outcome, error) {
+	res, err := repro.MinimalRepro(ctx, in.db, in.provider, in.sides)
+	if err != nil {
+		return outcome{}, err
+	}
+	return outcome{parts: []part{reproPart("minimal", []repro.MinimalResult(res), res.OK(), repro.PrintMinimal,
+		func(r *repro.Report, res []repro.MinimalResult) { r.Minimal = res })}}, nil
 }

@@ -22,7 +22,10 @@ type organicRepro struct {
 	bouncer     string
 }
 
-func (*organicRepro) kind() string        { return "organic" }
+func (*organicRepro) name() string { return "organic" }
+func (*organicRepro) summary() string {
+	return "simulated dispatchers on hot instances, no stale timestamp injected"
+}
 func (*organicRepro) needsUpstream() bool { return true }
 
 func (o *organicRepro) register(fs *flag.FlagSet) {
@@ -54,23 +57,25 @@ func (o *organicRepro) validate(bool) error {
 
 // run runs the organic repro in the repro database, its dispatchers
 // connecting through a PgBouncer in --pgbouncer's mode when one is given.
-func (o *organicRepro) run(ctx context.Context, in *reproRun) error {
-	in.section()
+func (o *organicRepro) run(ctx context.Context, in *scenarioRun) (outcome, error) {
 	cfg := o.cfg
 	if o.bouncer != "" {
-		b, err := pgtest.StartPgBouncer(ctx, in.setup.srv, o.bouncer)
+		b, err := pgtest.StartPgBouncer(ctx, in.srv, o.bouncer)
 		if err != nil {
-			return fmt.Errorf("organic repro: %w", err)
+			return outcome{}, fmt.Errorf("organic repro: %w", err)
 		}
 		defer b.Close()
-		via, err := dbconn.Parse(b.DSN(in.setup.name))
+		via, err := dbconn.Parse(b.DSN(in.dbName))
 		if err != nil {
-			return fmt.Errorf("organic repro: %w", err)
+			return outcome{}, fmt.Errorf("organic repro: %w", err)
 		}
 		cfg.Via = via
 		fmt.Fprintf(in.env.Stderr, "%s: the dispatchers connect through pgbouncer (%s pooling)\n", in.env.Program, o.bouncer)
 	}
-	res, err := repro.OrganicRepro(ctx, in.setup.db, in.provider, cfg, in.sides, in.progress)
-	in.report.Organic = &res
-	return in.done("organic", res.OK(), err, func() error { return repro.PrintOrganic(in.env.Stdout, res) })
+	res, err := repro.OrganicRepro(ctx, in.db, in.provider, cfg, in.sides, in.progress)
+	if err != nil {
+		return outcome{}, err
+	}
+	return outcome{parts: []part{reproPart("organic", res, res.OK(), repro.PrintOrganic,
+		func(r *repro.Report, res repro.OrganicResult) { r.Organic = &res })}}, nil
 }

@@ -29,7 +29,10 @@ type runtimeRepro struct {
 	pool repro.RuntimePoolConfig
 }
 
-func (*runtimeRepro) kind() string        { return "runtime" }
+func (*runtimeRepro) name() string { return "runtime" }
+func (*runtimeRepro) summary() string {
+	return "the real runtime on every side: a held advisory key, pooled connections that wait"
+}
 func (*runtimeRepro) needsUpstream() bool { return true }
 
 func (r *runtimeRepro) register(fs *flag.FlagSet) {
@@ -57,20 +60,23 @@ func (r *runtimeRepro) validate(bool) error {
 
 // run runs each form --form names, held-key first, each its own section
 // of the output and its own verdict ("runtime", "runtime_pool").
-func (r *runtimeRepro) run(ctx context.Context, in *reproRun) error {
+func (r *runtimeRepro) run(ctx context.Context, in *scenarioRun) (outcome, error) {
+	var out outcome
 	if r.form == runtimeFormHeldKey || r.form == runtimeFormAll {
-		in.section()
-		res, err := repro.RuntimeRepro(ctx, in.setup.db, in.provider, r.held, in.sides, in.progress)
-		in.report.Runtime = &res
-		if err := in.done("runtime", res.OK(), err, func() error { return repro.PrintRuntime(in.env.Stdout, res) }); err != nil {
-			return err
+		res, err := repro.RuntimeRepro(ctx, in.db, in.provider, r.held, in.sides, in.progress)
+		if err != nil {
+			return out, err
 		}
+		out.parts = append(out.parts, reproPart("runtime", res, res.OK(), repro.PrintRuntime,
+			func(r *repro.Report, res repro.RuntimeResult) { r.Runtime = &res }))
 	}
 	if r.form == runtimeFormPool || r.form == runtimeFormAll {
-		in.section()
-		res, err := repro.RuntimePoolRepro(ctx, in.setup.db, in.provider, r.pool, in.sides, in.progress)
-		in.report.RuntimePool = &res
-		return in.done("runtime_pool", res.OK(), err, func() error { return repro.PrintRuntimePool(in.env.Stdout, res) })
+		res, err := repro.RuntimePoolRepro(ctx, in.db, in.provider, r.pool, in.sides, in.progress)
+		if err != nil {
+			return out, err
+		}
+		out.parts = append(out.parts, reproPart("runtime_pool", res, res.OK(), repro.PrintRuntimePool,
+			func(r *repro.Report, res repro.RuntimePoolResult) { r.RuntimePool = &res }))
 	}
-	return nil
+	return out, nil
 }

@@ -53,7 +53,10 @@ func (w *workerPair) parse() error {
 // --worker-versions.
 type workerMinimalRepro struct{ pair *workerPair }
 
-func (*workerMinimalRepro) kind() string        { return "worker-minimal" }
+func (*workerMinimalRepro) name() string { return "worker-minimal" }
+func (*workerMinimalRepro) summary() string {
+	return "one activity fetch and ack at each of two versions, the clock of the caller behind"
+}
 func (*workerMinimalRepro) needsUpstream() bool { return false }
 
 func (m *workerMinimalRepro) register(fs *flag.FlagSet) {
@@ -74,11 +77,13 @@ func (m *workerMinimalRepro) validate(chosen bool) error {
 	return nil
 }
 
-func (m *workerMinimalRepro) run(ctx context.Context, in *reproRun) error {
-	in.section()
-	res, err := repro.WorkerMinimalRepro(ctx, in.setup.db, m.pair.versions)
-	in.report.WorkerMinimal = res
-	return in.done("worker_minimal", res.OK(), err, func() error { return repro.PrintWorkerMinimal(in.env.Stdout, res) })
+func (m *workerMinimalRepro) run(ctx context.Context, in *scenarioRun) (outcome, error) {
+	res, err := repro.WorkerMinimalRepro(ctx, in.db, m.pair.versions)
+	if err != nil {
+		return outcome{}, err
+	}
+	return outcome{parts: []part{reproPart("worker_minimal", []repro.WorkerMinimalResult(res), res.OK(), repro.PrintWorkerMinimal,
+		func(r *repro.Report, res []repro.WorkerMinimalResult) { r.WorkerMinimal = res })}}, nil
 }
 
 // workerRepro is repro.WorkerRepro: simulated activity workers on the
@@ -89,7 +94,10 @@ type workerRepro struct {
 	lockTimeout time.Duration
 }
 
-func (*workerRepro) kind() string        { return "worker" }
+func (*workerRepro) name() string { return "worker" }
+func (*workerRepro) summary() string {
+	return "simulated activity workers on the pack's pair of worker versions"
+}
 func (*workerRepro) needsUpstream() bool { return false }
 
 func (w *workerRepro) register(fs *flag.FlagSet) {
@@ -121,9 +129,11 @@ func (w *workerRepro) validate(chosen bool) error {
 	return nil
 }
 
-func (w *workerRepro) run(ctx context.Context, in *reproRun) error {
-	in.section()
-	res, err := repro.WorkerRepro(ctx, in.setup.db, w.cfg, in.progress)
-	in.report.Worker = &res
-	return in.done("worker", res.OK(), err, func() error { return repro.PrintWorker(in.env.Stdout, res) })
+func (w *workerRepro) run(ctx context.Context, in *scenarioRun) (outcome, error) {
+	res, err := repro.WorkerRepro(ctx, in.db, w.cfg, in.progress)
+	if err != nil {
+		return outcome{}, err
+	}
+	return outcome{parts: []part{reproPart("worker", res, res.OK(), repro.PrintWorker,
+		func(r *repro.Report, res repro.WorkerResult) { r.Worker = &res })}}, nil
 }
