@@ -5,7 +5,6 @@ import (
 	"flag"
 
 	"github.com/duroxide-pg/migrations/internal/callcost"
-	"github.com/duroxide-pg/migrations/internal/cli"
 	"github.com/duroxide-pg/migrations/internal/sim/orch"
 )
 
@@ -24,25 +23,27 @@ func (s *callsScenario) register(fs *flag.FlagSet) {
 	fs.IntVar(&s.count, "calls-count", 2000, "calls: measured calls per cell, side and round")
 }
 
-func (s *callsScenario) validate() error {
-	if s.count < 1 {
-		return cli.Usagef("--calls-count %d: at least 1", s.count)
+func (*callsScenario) needsUpstream() bool { return true }
+
+func (s *callsScenario) validate(chosen bool) error {
+	if !chosen {
+		return nil
 	}
-	return nil
+	return atLeast("calls-count", s.count, 1)
 }
 
-func (s *callsScenario) run(ctx context.Context, in ownRun) (ownResult, error) {
+func (s *callsScenario) run(ctx context.Context, in *scenarioRun) (outcome, error) {
 	latest, makeLatest := latestSide()
 	sides := callcost.Sides{
 		Upstream: callcost.Side{Name: upstreamSideName, Make: in.provider.Migrate},
 		Latest:   callcost.Side{Name: latest, Make: makeLatest},
 	}
 	filter := orch.RuntimeFilter()
-	results, err := callcost.Run(ctx, in.src, sides, callcost.Cells(filter.Min, filter.Max), s.count, in.rounds, in.progress)
+	results, err := callcost.Run(ctx, in.db, sides, callcost.Cells(filter.Min, filter.Max), s.count, in.rounds, in.progress)
 	if err != nil {
-		return ownResult{}, err
+		return outcome{}, err
 	}
-	return ownResult{table: callcost.Accounting(results, latest) + "\n" + callcost.Table(results), reportFile: callcost.ReportFile,
+	return outcome{parts: []part{table(callcost.Accounting(results, latest) + "\n" + callcost.Table(results))}, reportFile: callcost.ReportFile,
 		write: func(dir, server string) error {
 			return callcost.WriteReport(dir, server, latest, s.count, in.rounds, results)
 		}}, nil

@@ -21,7 +21,7 @@ func benchScenarios() []scenario {
 	return []scenario{
 		&migrateLoadScenario{},
 		&plansScenario{},
-		legacy(&callsScenario{}),
+		&callsScenario{},
 	}
 }
 
