@@ -7,7 +7,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -28,6 +27,7 @@ const benchSummary = "speed before and after the pack's fixes, side by side in o
 // ratios on stdout, a progress line on stderr.
 func runBench(ctx context.Context, env *cli.Env, args []string) error {
 	def := bench.Defaults()
+	cfg := def
 	fs := cli.NewFlags(env, "bench")
 	dsn := fs.String("dsn", "", "use this existing server (a database is created and dropped) instead of a throwaway one")
 	rounds := fs.Int("rounds", def.Rounds, "rounds per cell and version (at least 3)")
@@ -41,12 +41,7 @@ func runBench(ctx context.Context, env *cli.Env, args []string) error {
 	scenarios := fs.String("scenarios", strings.Join(def.Scenarios, ","), fmt.Sprintf(
 		"scenarios to run: backlog, hot, queue-only, migrate (%s), worker (%s), scale (%s), runtime (the real runtime: upstream's schema against %d and %d), %s",
 		pairOf(bench.Versions()), pairOf(bench.WorkerVersions()), pairOf(bench.ScaleVersions()), rprev, rlatest, strings.Join(ownHelp, ", ")))
-	hotLock := fs.Duration("hot-lock-timeout", def.HotLockTimeout, "hot scenario's lock timeout; 0: calibrated at start like the organic repro")
-	scaleBlocked := fs.String("scale-blocked", joinInts(def.ScaleBlocked), "scale: blocked message counts K, comma-separated")
-	scaleCompleted := fs.String("scale-completed", joinInts(def.ScaleCompleted), "scale: completed instance counts, comma-separated")
-	scaleCalls := fs.Int("scale-calls", def.ScaleCalls, "scale: fetch calls per figure on one session (at least 7)")
-	scaleIdle := fs.Int("scale-idle-dispatchers", def.ScaleIdleDispatchers, "scale: idle dispatchers polling at the largest K")
-	scaleIdleFor := fs.Duration("scale-idle-duration", def.ScaleIdleDuration, "scale: how long the idle dispatchers poll, per version and round")
+	cfg.Register(fs)
 	for _, s := range own {
 		s.register(fs)
 	}
@@ -62,18 +57,7 @@ func runBench(ctx context.Context, env *cli.Env, args []string) error {
 	if *rounds < 3 {
 		return cli.Usagef("--rounds %d: at least 3 rounds, so that medians mean something", *rounds)
 	}
-	cfg := def
 	cfg.Rounds, cfg.Duration, cfg.Scenarios = *rounds, *duration, nil
-	cfg.ScaleCalls, cfg.ScaleIdleDispatchers, cfg.ScaleIdleDuration = *scaleCalls, *scaleIdle, *scaleIdleFor
-	if *hotLock != 0 {
-		cfg.HotLockTimeout, cfg.CalibrateHotLockTimeout = *hotLock, false
-	}
-	if cfg.ScaleBlocked, err = parseInts("--scale-blocked", *scaleBlocked); err != nil {
-		return err
-	}
-	if cfg.ScaleCompleted, err = parseInts("--scale-completed", *scaleCompleted); err != nil {
-		return err
-	}
 	named := map[int]bool{} // the lab's scenarios named, by index in own
 	for _, name := range strings.Split(*scenarios, ",") {
 		key := scenarioKey(name)
@@ -160,36 +144,6 @@ func runBench(ctx context.Context, env *cli.Env, args []string) error {
 		}
 	}
 	return nil
-}
-
-// joinInts writes ns comma-separated.
-func joinInts(ns []int) string {
-	s := make([]string, len(ns))
-	for i, n := range ns {
-		s[i] = strconv.Itoa(n)
-	}
-	return strings.Join(s, ",")
-}
-
-// parseInts reads the comma-separated counts of flag (at least one, none
-// negative).
-func parseInts(flag, v string) ([]int, error) {
-	var out []int
-	for _, f := range strings.Split(v, ",") {
-		f = strings.TrimSpace(f)
-		if f == "" {
-			continue
-		}
-		n, err := strconv.Atoi(f)
-		if err != nil || n < 0 {
-			return nil, cli.Usagef("%s %q: give comma-separated counts, e.g. 1000,10000", flag, v)
-		}
-		out = append(out, n)
-	}
-	if len(out) == 0 {
-		return nil, cli.Usagef("%s is empty: give comma-separated counts, e.g. 1000,10000", flag)
-	}
-	return out, nil
 }
 
 // progressBar draws one line on a terminal (rewritten in place) or one

@@ -73,13 +73,6 @@ func TestBenchHelp(t *testing.T) {
 	}
 }
 
-func TestBenchParsesCountLists(t *testing.T) {
-	ns, err := parseInts("--scale-blocked", " 1000, 10000 ,100000,")
-	require.NoError(t, err)
-	require.Equal(t, []int{1000, 10000, 100000}, ns)
-	require.Equal(t, "0,10000,100000", joinInts([]int{0, 10000, 100000}))
-}
-
 func TestBenchProgressLine(t *testing.T) {
 	var out bytes.Buffer
 	p := newProgressBar(&out)

@@ -4,7 +4,7 @@ import (
 	"context"
 	"time"
 
-	"github.com/duroxide-pg/migrations/internal/sim/defaults"
+	"github.com/duroxide-pg/migrations/internal/sim/settings"
 )
 
 // BacklogConfig is the backlog scenario's part of Config: BacklogInstances
@@ -17,31 +17,19 @@ type BacklogConfig struct {
 	BacklogLockTimeout time.Duration `json:"-"`
 }
 
-func backlogDefaults() BacklogConfig {
-	return BacklogConfig{BacklogInstances: 200, BacklogHistory: 500, BacklogDispatchers: []int{1, 4, 8, 16}, BacklogLockTimeout: 100 * time.Millisecond}
-}
-
-func (c BacklogConfig) withDefaults() BacklogConfig {
-	d := backlogDefaults()
-	defaults.Set(&c.BacklogInstances, d.BacklogInstances)
-	defaults.Set(&c.BacklogHistory, d.BacklogHistory)
-	list(&c.BacklogDispatchers, d.BacklogDispatchers)
-	defaults.Set(&c.BacklogLockTimeout, d.BacklogLockTimeout)
-	return c
-}
-
 // backlogScenario runs BacklogConfig.
 type backlogScenario struct{ noCells }
 
-func (backlogScenario) setDefaults(c *Config) { c.BacklogConfig = c.BacklogConfig.withDefaults() }
+func (backlogScenario) settings(c *Config, l *settings.List) {
+	l.Int(&c.BacklogInstances, "BacklogInstances", 200, 0)
+	l.Int(&c.BacklogHistory, "BacklogHistory", 500, 0)
+	l.Ints(&c.BacklogDispatchers, "BacklogDispatchers", []int{1, 4, 8, 16}, 1)
+	l.Duration(&c.BacklogLockTimeout, "BacklogLockTimeout", 100*time.Millisecond, 0)
+}
 
 func (backlogScenario) name() string { return backlog }
 
 func (backlogScenario) steps(c Config) int { return 2 * len(c.BacklogDispatchers) }
-
-func (backlogScenario) validate(c Config, _ bool) error {
-	return dispatchersAtLeastOne(c.BacklogDispatchers)
-}
 
 func (backlogScenario) prepare(ctx context.Context, r *runState) error {
 	for _, side := range []string{sideBefore, sideAfter} {

@@ -36,8 +36,8 @@ package bench
 
 import (
 	"context"
+	"flag"
 	"fmt"
-	"reflect"
 	"runtime"
 	"slices"
 	"strings"
@@ -49,8 +49,8 @@ import (
 
 	"github.com/duroxide-pg/migrations/harness/ops/migrate"
 	"github.com/duroxide-pg/migrations/internal/dbconn"
-	"github.com/duroxide-pg/migrations/internal/sim/defaults"
 	"github.com/duroxide-pg/migrations/internal/sim/dispatch"
+	"github.com/duroxide-pg/migrations/internal/sim/settings"
 	"github.com/duroxide-pg/migrations/internal/sim/simconfig"
 )
 
@@ -113,18 +113,31 @@ func Defaults() Config { return Config{}.WithDefaults() }
 // Validate to reject), a list when it is nil (an empty list is taken as
 // given). The hot lock timeout is unset when neither HotLockTimeout nor
 // CalibrateHotLockTimeout is; it then takes Defaults' calibration.
-// Every field is named once, here or in its scenario's withDefaults
+// Every field is declared once, in settings or in its scenario's
 // (TestDefaultsLeaveNoFieldZero checks that none is forgotten).
 func (c Config) WithDefaults() Config {
-	defaults.Set(&c.Rounds, 3)
-	defaults.Set(&c.Duration, 2500*time.Millisecond)
 	list(&c.Scenarios, allScenarios())
-	defaults.Set(&c.EventBytes, 250)
-	defaults.Set(&c.PollInterval, dispatch.DefaultPollInterval)
-	for _, s := range scenarios() {
-		s.setDefaults(&c)
-	}
+	c.settings().Fill()
 	return c
+}
+
+// Register adds to fs the flags of the settings the command line sets
+// (the scenarios declare which), bound to c, its values as defaults; a
+// flag's value is held to its setting's least as it is parsed.
+func (c *Config) Register(fs *flag.FlagSet) { c.settings().Register(fs) }
+
+// settings are c's settings, every scenario's part included, bound to c:
+// each one's default, least value and flag, declared once.
+func (c *Config) settings() *settings.List {
+	l := settings.New("bench: Config.")
+	l.Int(&c.Rounds, "Rounds", 3, 0)
+	l.Duration(&c.Duration, "Duration", 2500*time.Millisecond, 0)
+	l.Int(&c.EventBytes, "EventBytes", 250, 0)
+	l.Duration(&c.PollInterval, "PollInterval", dispatch.DefaultPollInterval, 0)
+	for _, s := range scenarios() {
+		s.settings(c, l)
+	}
+	return l
 }
 
 // list sets *field to def when it is nil (an empty list is taken as given).
@@ -132,25 +145,6 @@ func list[T any](field *[]T, def []T) {
 	if *field == nil {
 		*field = def
 	}
-}
-
-// negativeField names the first count or duration of c below 0, the
-// scenarios' own settings included ("" when none is).
-func (c Config) negativeField() string { return negativeIn(reflect.ValueOf(c)) }
-
-func negativeIn(v reflect.Value) string {
-	for i := range v.NumField() {
-		f := v.Field(i)
-		switch {
-		case f.Kind() == reflect.Struct && v.Type().Field(i).Anonymous:
-			if name := negativeIn(f); name != "" {
-				return name
-			}
-		case (f.Kind() == reflect.Int || f.Kind() == reflect.Int64) && f.Int() < 0:
-			return v.Type().Field(i).Name
-		}
-	}
-	return ""
 }
 
 // MinDuration and MaxDuration bound a cell's duration (and the scale
@@ -178,10 +172,7 @@ func (c Config) Validate() error {
 			return err
 		}
 	}
-	if f := c.negativeField(); f != "" {
-		return fmt.Errorf("bench: Config.%s must not be negative", f)
-	}
-	return nil
+	return c.settings().Check()
 }
 
 func validScenario(s string) bool { return slices.Contains(allScenarios(), s) }

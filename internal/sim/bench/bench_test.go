@@ -230,10 +230,13 @@ func smokeConfig() Config {
 	return Config{
 		Rounds: 1, Duration: 250 * time.Millisecond, // long enough for a worker cycle on a loaded CI machine
 		// The runtime scenario has its own smoke run (TestRuntimeSmokeRun).
-		Scenarios:     slices.DeleteFunc(allScenarios(), func(s string) bool { return s == ScenarioRuntime }),
-		BacklogConfig: BacklogConfig{BacklogInstances: 10, BacklogHistory: 20, BacklogDispatchers: []int{2}},
+		Scenarios: slices.DeleteFunc(allScenarios(), func(s string) bool { return s == ScenarioRuntime }),
+		// Lock timeouts of a second: the smoke run's claim is that after the
+		// fix, with an ample lock timeout, no ack fails; 100 ms was not
+		// ample on a loaded 2-core machine (one refused ack in a run).
+		BacklogConfig: BacklogConfig{BacklogInstances: 10, BacklogHistory: 20, BacklogDispatchers: []int{2}, BacklogLockTimeout: time.Second},
 		HotConfig:     HotConfig{HotHistory: 40, HotDispatchers: 2, HotLockTimeout: time.Second},
-		QueueConfig:   QueueConfig{QueueInstances: 20, QueueDispatchers: []int{1}},
+		QueueConfig:   QueueConfig{QueueInstances: 20, QueueDispatchers: []int{1}, QueueLockTimeout: time.Second},
 		WorkerConfig:  WorkerConfig{WorkerDispatchers: []int{2}, WorkerItems: 20},
 		ScaleConfig: ScaleConfig{ScaleBlocked: []int{10, 100}, ScaleSpreadInstances: 5, ScaleClaimable: 2, ScaleCompleted: []int{0, 20},
 			ScaleCalls: 7, ScaleIdleDispatchers: 2, ScaleIdleDuration: 200 * time.Millisecond},
@@ -291,7 +294,7 @@ func TestSmokeRun(t *testing.T) {
 
 // Defaults is a zero Config with its defaults: every field of it, the
 // scenarios' own included, must then be set, or some scenario's
-// withDefaults forgot one. The hot lock timeout alone is zero: it is
+// settings forgot one. The hot lock timeout alone is zero: it is
 // calibrated.
 func TestDefaultsLeaveNoFieldZero(t *testing.T) {
 	var zero []string

@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/duroxide-pg/migrations/internal/sim/defaults"
+	"github.com/duroxide-pg/migrations/internal/sim/settings"
 )
 
 // HotConfig is the hot scenario's part of Config: HotDispatchers
@@ -20,26 +20,23 @@ type HotConfig struct {
 	CalibrateHotLockTimeout bool          `json:"-"`
 }
 
-func hotDefaults() HotConfig {
-	return HotConfig{HotHistory: 5000, HotDispatchers: 16, CalibrateHotLockTimeout: true}
-}
-
-// withDefaults fills the zero fields; the lock timeout is calibrated when
-// none is given.
-func (c HotConfig) withDefaults() HotConfig {
-	d := hotDefaults()
-	defaults.Set(&c.HotHistory, d.HotHistory)
-	defaults.Set(&c.HotDispatchers, d.HotDispatchers)
-	if c.HotLockTimeout == 0 {
-		c.CalibrateHotLockTimeout = true
-	}
-	return c
-}
-
 // hotScenario runs HotConfig.
 type hotScenario struct{ noCells }
 
-func (hotScenario) setDefaults(c *Config) { c.HotConfig = c.HotConfig.withDefaults() }
+// settings: the lock timeout is calibrated when none is given (0), and a
+// lock timeout given on the command line is used as given.
+func (hotScenario) settings(c *Config, l *settings.List) {
+	l.Int(&c.HotHistory, "HotHistory", 5000, 0)
+	l.Int(&c.HotDispatchers, "HotDispatchers", 16, 0)
+	l.Duration(&c.HotLockTimeout, "HotLockTimeout", 0, 0).
+		Flag("hot-lock-timeout", "hot scenario's lock timeout; 0: calibrated at start like the organic repro").
+		OnSet(func() { c.CalibrateHotLockTimeout = c.HotLockTimeout == 0 })
+	l.After(func() {
+		if c.HotLockTimeout == 0 {
+			c.CalibrateHotLockTimeout = true
+		}
+	})
+}
 
 func (hotScenario) name() string { return ScenarioHot }
 

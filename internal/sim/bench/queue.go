@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/duroxide-pg/migrations/internal/sim/defaults"
+	"github.com/duroxide-pg/migrations/internal/sim/settings"
 )
 
 // QueueConfig is the queue-only scenario's part of Config: QueueInstances
@@ -17,30 +17,18 @@ type QueueConfig struct {
 	QueueLockTimeout time.Duration `json:"-"`
 }
 
-func queueDefaults() QueueConfig {
-	return QueueConfig{QueueInstances: 2000, QueueDispatchers: []int{1, 8}, QueueLockTimeout: 100 * time.Millisecond}
-}
-
-func (c QueueConfig) withDefaults() QueueConfig {
-	d := queueDefaults()
-	defaults.Set(&c.QueueInstances, d.QueueInstances)
-	list(&c.QueueDispatchers, d.QueueDispatchers)
-	defaults.Set(&c.QueueLockTimeout, d.QueueLockTimeout)
-	return c
-}
-
 // queueScenario runs QueueConfig.
 type queueScenario struct{ noCells }
 
-func (queueScenario) setDefaults(c *Config) { c.QueueConfig = c.QueueConfig.withDefaults() }
+func (queueScenario) settings(c *Config, l *settings.List) {
+	l.Int(&c.QueueInstances, "QueueInstances", 2000, 0)
+	l.Ints(&c.QueueDispatchers, "QueueDispatchers", []int{1, 8}, 1)
+	l.Duration(&c.QueueLockTimeout, "QueueLockTimeout", 100*time.Millisecond, 0)
+}
 
 func (queueScenario) name() string { return queueOnly }
 
 func (queueScenario) steps(c Config) int { return 3 * len(c.QueueDispatchers) }
-
-func (queueScenario) validate(c Config, _ bool) error {
-	return dispatchersAtLeastOne(c.QueueDispatchers)
-}
 
 func (queueScenario) prepare(ctx context.Context, r *runState) error {
 	for _, side := range []string{sideBefore, sideAfter} {

@@ -27,7 +27,7 @@ import (
 	migrations "github.com/duroxide-pg/migrations"
 	"github.com/duroxide-pg/migrations/harness/ops/migrate"
 	"github.com/duroxide-pg/migrations/internal/dbconn"
-	"github.com/duroxide-pg/migrations/internal/sim/defaults"
+	"github.com/duroxide-pg/migrations/internal/sim/settings"
 	"github.com/duroxide-pg/migrations/internal/testenv/upstream"
 )
 
@@ -825,27 +825,18 @@ type RuntimeConfig struct {
 	RuntimeWait                     time.Duration `json:"-"`
 }
 
-func runtimeDefaults() RuntimeConfig {
-	return RuntimeConfig{RuntimeOrchestrationConcurrency: []int{1, 4, 16}, RuntimeWorkerConcurrency: []int{1, 8, 16},
-		RuntimeOrchestrations: []int{100, 200, 400}, RuntimeFanIn: 500, RuntimeUncontended: 60, RuntimeWait: 3 * time.Minute}
-}
-
-func (c RuntimeConfig) withDefaults() RuntimeConfig {
-	d := runtimeDefaults()
-	list(&c.RuntimeOrchestrationConcurrency, d.RuntimeOrchestrationConcurrency)
-	list(&c.RuntimeWorkerConcurrency, d.RuntimeWorkerConcurrency)
-	list(&c.RuntimeOrchestrations, d.RuntimeOrchestrations)
-	defaults.Set(&c.RuntimeFanIn, d.RuntimeFanIn)
-	defaults.Set(&c.RuntimeUncontended, d.RuntimeUncontended)
-	defaults.Set(&c.RuntimeWait, d.RuntimeWait)
-	return c
-}
-
 // runtimeScenario runs RuntimeConfig on upstream's schema, the previous
 // fix and the latest, in rounds of its own after the others'.
 type runtimeScenario struct{ noCells }
 
-func (runtimeScenario) setDefaults(c *Config) { c.RuntimeConfig = c.RuntimeConfig.withDefaults() }
+func (runtimeScenario) settings(c *Config, l *settings.List) {
+	l.Ints(&c.RuntimeOrchestrationConcurrency, "RuntimeOrchestrationConcurrency", []int{1, 4, 16}, 0)
+	l.Ints(&c.RuntimeWorkerConcurrency, "RuntimeWorkerConcurrency", []int{1, 8, 16}, 0)
+	l.Ints(&c.RuntimeOrchestrations, "RuntimeOrchestrations", []int{100, 200, 400}, 0)
+	l.Int(&c.RuntimeFanIn, "RuntimeFanIn", 500, 0)
+	l.Int(&c.RuntimeUncontended, "RuntimeUncontended", 60, 0)
+	l.Duration(&c.RuntimeWait, "RuntimeWait", 3*time.Minute, 0)
+}
 
 func (runtimeScenario) name() string { return ScenarioRuntime }
 

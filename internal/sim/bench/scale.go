@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/duroxide-pg/migrations/internal/packfacts"
-	"github.com/duroxide-pg/migrations/internal/sim/defaults"
+	"github.com/duroxide-pg/migrations/internal/sim/settings"
 
 	migrations "github.com/duroxide-pg/migrations"
 	"github.com/duroxide-pg/migrations/internal/dbconn"
@@ -248,32 +248,24 @@ type ScaleConfig struct {
 	ScaleLargeHistory     int           `json:"scale_large_history_events"`
 }
 
-func scaleDefaults() ScaleConfig {
-	return ScaleConfig{ScaleBlocked: []int{1000, 10000, 100000}, ScaleSpreadInstances: 500, ScaleClaimable: 3,
-		ScaleCompleted: []int{0, 10000, 100000}, ScaleCompletedHistory: 10, ScaleCalls: 12,
-		ScaleIdleDispatchers: 32, ScaleIdleDuration: 3 * time.Second, ScaleLargeHistory: 500}
-}
-
-func (c ScaleConfig) withDefaults() ScaleConfig {
-	d := scaleDefaults()
-	list(&c.ScaleBlocked, d.ScaleBlocked)
-	defaults.Set(&c.ScaleSpreadInstances, d.ScaleSpreadInstances)
-	defaults.Set(&c.ScaleClaimable, d.ScaleClaimable)
-	list(&c.ScaleCompleted, d.ScaleCompleted)
-	defaults.Set(&c.ScaleCompletedHistory, d.ScaleCompletedHistory)
-	defaults.Set(&c.ScaleCalls, d.ScaleCalls)
-	defaults.Set(&c.ScaleIdleDispatchers, d.ScaleIdleDispatchers)
-	defaults.Set(&c.ScaleIdleDuration, d.ScaleIdleDuration)
-	defaults.Set(&c.ScaleLargeHistory, d.ScaleLargeHistory)
-	return c
-}
-
 // scaleScenario runs ScaleConfig: the fetch's cost against the rows it
 // skips (blocked messages, completed instances), in rounds of its own after
 // the others'.
 type scaleScenario struct{ noCells }
 
-func (scaleScenario) setDefaults(c *Config) { c.ScaleConfig = c.ScaleConfig.withDefaults() }
+// settings: the counts and the idle polling have their flags; a figure
+// needs steadyFirstCall calls to measure the steady-state plan.
+func (scaleScenario) settings(c *Config, l *settings.List) {
+	l.Ints(&c.ScaleBlocked, "ScaleBlocked", []int{1000, 10000, 100000}, 0).Flag("scale-blocked", "scale: blocked message counts K, comma-separated")
+	l.Int(&c.ScaleSpreadInstances, "ScaleSpreadInstances", 500, 0)
+	l.Int(&c.ScaleClaimable, "ScaleClaimable", 3, 0)
+	l.Ints(&c.ScaleCompleted, "ScaleCompleted", []int{0, 10000, 100000}, 0).Flag("scale-completed", "scale: completed instance counts, comma-separated")
+	l.Int(&c.ScaleCompletedHistory, "ScaleCompletedHistory", 10, 0)
+	l.Int(&c.ScaleCalls, "ScaleCalls", 12, steadyFirstCall).Flag("scale-calls", fmt.Sprintf("scale: fetch calls per figure on one session (at least %d)", steadyFirstCall))
+	l.Int(&c.ScaleIdleDispatchers, "ScaleIdleDispatchers", 32, 1).Flag("scale-idle-dispatchers", "scale: idle dispatchers polling at the largest K")
+	l.Duration(&c.ScaleIdleDuration, "ScaleIdleDuration", 3*time.Second, MinDuration).Flag("scale-idle-duration", "scale: how long the idle dispatchers poll, per version and round")
+	l.Int(&c.ScaleLargeHistory, "ScaleLargeHistory", 500, 0)
+}
 
 func (scaleScenario) name() string { return scale }
 
@@ -282,10 +274,6 @@ func (scaleScenario) steps(c Config) int { return 2 * len(scaleCells(c, 0, 0)) }
 // validate holds the calls and the idle settings whatever runs; the
 // counts when the scenario runs.
 func (scaleScenario) validate(c Config, chosen bool) error {
-	if c.ScaleCalls < steadyFirstCall || c.ScaleIdleDispatchers < 1 || c.ScaleIdleDuration < MinDuration {
-		return fmt.Errorf("bench: scale: %d calls per figure (at least %d, so that the steady-state plan is measured), %d idle dispatchers (at least 1) for %v (at least %v)",
-			c.ScaleCalls, steadyFirstCall, c.ScaleIdleDispatchers, c.ScaleIdleDuration, MinDuration)
-	}
 	if !chosen {
 		return nil
 	}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/duroxide-pg/migrations/internal/dbconn"
 	"github.com/duroxide-pg/migrations/internal/sim/dispatch"
+	"github.com/duroxide-pg/migrations/internal/sim/settings"
 )
 
 // scenario is one scenario of a run: its name (in Config.Scenarios and the
@@ -20,8 +21,9 @@ import (
 // new scenario is a file, a line in scenarios and its part in Config.
 type scenario interface {
 	name() string
-	// setDefaults fills the zero fields of the scenario's part of c.
-	setDefaults(c *Config)
+	// settings declares the scenario's part of c: each setting's default,
+	// its least value and, for those the command line sets, its flag.
+	settings(c *Config, l *settings.List)
 	// validate checks the scenario's settings in c, whether it runs
 	// (chosen) or not: some bounds hold whatever runs.
 	validate(c Config, chosen bool) error
@@ -61,7 +63,7 @@ func (c Config) chosen() []scenario {
 // scenario to write only what it does.
 type noCells struct{}
 
-func (noCells) setDefaults(*Config)                         {}
+func (noCells) settings(*Config, *settings.List)            {}
 func (noCells) validate(Config, bool) error                 { return nil }
 func (noCells) prepare(context.Context, *runState) error    { return nil }
 func (noCells) cells(Config, Comparison[Sample]) []Cell     { return nil }
@@ -141,14 +143,4 @@ func (r *runState) dispatchCell(ctx context.Context, round int, scenario string,
 	return c.runRound(round, c.Name(), r.note, func(side string) (Sample, error) {
 		return runDispatch(ctx, r.src, r.schemas[schemaKey{scenario, side}], dcfg, r.cpu)
 	})
-}
-
-// dispatchersAtLeastOne refuses a dispatcher (or worker) count below 1.
-func dispatchersAtLeastOne(counts []int) error {
-	for _, n := range counts {
-		if n < 1 {
-			return fmt.Errorf("bench: dispatcher counts must be >= 1, got %d", n)
-		}
-	}
-	return nil
 }

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/duroxide-pg/migrations/internal/dbconn"
-	"github.com/duroxide-pg/migrations/internal/sim/defaults"
+	"github.com/duroxide-pg/migrations/internal/sim/settings"
 	"github.com/duroxide-pg/migrations/internal/sim/simconfig"
 	"github.com/duroxide-pg/migrations/internal/sim/worker"
 )
@@ -210,31 +210,19 @@ type WorkerConfig struct {
 	WorkerLockTimeout time.Duration `json:"-"`
 }
 
-func workerDefaults() WorkerConfig {
-	return WorkerConfig{WorkerDispatchers: []int{1, 8}, WorkerItems: 500, WorkerLockTimeout: defaultWorkerLockTimeout}
-}
-
-func (c WorkerConfig) withDefaults() WorkerConfig {
-	d := workerDefaults()
-	list(&c.WorkerDispatchers, d.WorkerDispatchers)
-	defaults.Set(&c.WorkerItems, d.WorkerItems)
-	defaults.Set(&c.WorkerLockTimeout, d.WorkerLockTimeout)
-	return c
-}
-
 // workerScenario runs WorkerConfig: activity workers on the worker queue's
 // pair of versions (WorkerVersions).
 type workerScenario struct{ noCells }
 
-func (workerScenario) setDefaults(c *Config) { c.WorkerConfig = c.WorkerConfig.withDefaults() }
+func (workerScenario) settings(c *Config, l *settings.List) {
+	l.Ints(&c.WorkerDispatchers, "WorkerDispatchers", []int{1, 8}, 1)
+	l.Int(&c.WorkerItems, "WorkerItems", 500, 0)
+	l.Duration(&c.WorkerLockTimeout, "WorkerLockTimeout", defaultWorkerLockTimeout, 0)
+}
 
 func (workerScenario) name() string { return ScenarioWorker }
 
 func (workerScenario) steps(c Config) int { return c.workerSteps() }
-
-func (workerScenario) validate(c Config, _ bool) error {
-	return dispatchersAtLeastOne(c.WorkerDispatchers)
-}
 
 func (workerScenario) prepare(ctx context.Context, r *runState) error {
 	wb, err := newWorkerBench(ctx, r.src, r.cfg)

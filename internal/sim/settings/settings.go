@@ -1,0 +1,231 @@
+// Package settings declares a scenario's settings once each: where the
+// value lives, its default, its least value and, for those a command line
+// sets, its flag. Fill, Check and Register all read that one list, so a
+// scenario's defaults, its bounds and its flags cannot disagree, and no
+// scenario writes its own copy of them.
+package settings
+
+import (
+	"flag"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// List is the settings of one config.
+type List struct {
+	// prefix starts every error message ("bench: Config.").
+	prefix string
+	items  []*Item
+	after  []func()
+}
+
+// New starts a list whose errors start with prefix.
+func New(prefix string) *List { return &List{prefix: prefix} }
+
+// Item is one setting.
+type Item struct {
+	list  *List
+	name  string
+	fill  func()
+	check func() error
+	value flag.Value
+	flag  string
+	help  string
+	onSet func()
+}
+
+// Int declares *p: def when zero, at least least.
+func (l *List) Int(p *int, name string, def, least int) *Item {
+	return l.add(&Item{name: name, value: (*intValue)(p),
+		fill:  func() { setZero(p, def) },
+		check: func() error { return atLeast(l.prefix+name, *p, least) }})
+}
+
+// Duration declares *p: def when zero, at least least.
+func (l *List) Duration(p *time.Duration, name string, def, least time.Duration) *Item {
+	return l.add(&Item{name: name, value: (*durationValue)(p),
+		fill:  func() { setZero(p, def) },
+		check: func() error { return atLeast(l.prefix+name, *p, least) }})
+}
+
+// Ints declares the list *p: def when nil (an empty list is taken as
+// given), every element at least least. Its flag takes comma-separated
+// counts.
+func (l *List) Ints(p *[]int, name string, def []int, least int) *Item {
+	return l.add(&Item{name: name, value: (*intsValue)(p),
+		fill: func() {
+			if *p == nil {
+				*p = append([]int(nil), def...)
+			}
+		},
+		check: func() error {
+			for _, n := range *p {
+				if err := atLeast(l.prefix+name, n, least); err != nil {
+					return err
+				}
+			}
+			return nil
+		}})
+}
+
+// After runs f at the end of Fill: a setting that follows from others.
+func (l *List) After(f func()) { l.after = append(l.after, f) }
+
+func (l *List) add(it *Item) *Item {
+	it.list = l
+	l.items = append(l.items, it)
+	return it
+}
+
+// atLeast is the error of v under least ("must not be negative" when
+// least is 0), or nil.
+func atLeast[T int | time.Duration](name string, v, least T) error {
+	switch {
+	case v >= least:
+		return nil
+	case least == 0:
+		return fmt.Errorf("%s must not be negative", name)
+	default:
+		return fmt.Errorf("%s %v: at least %v", name, v, least)
+	}
+}
+
+// Flag gives the setting a flag of the command line.
+func (it *Item) Flag(name, help string) *Item {
+	it.flag, it.help = name, help
+	return it
+}
+
+// OnSet runs f when the setting's flag is given.
+func (it *Item) OnSet(f func()) *Item {
+	it.onSet = f
+	return it
+}
+
+// Fill sets every zero setting to its default.
+func (l *List) Fill() {
+	for _, it := range l.items {
+		it.fill()
+	}
+	for _, f := range l.after {
+		f()
+	}
+}
+
+// Check returns the first setting below its least.
+func (l *List) Check() error {
+	for _, it := range l.items {
+		if err := it.check(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Register adds the flags of the settings that have one to fs, their
+// current values as defaults; a flag's value is checked against the
+// setting's least when it is parsed.
+func (l *List) Register(fs *flag.FlagSet) {
+	for _, it := range l.items {
+		if it.flag != "" {
+			fs.Var(checked{it}, it.flag, it.help)
+		}
+	}
+}
+
+// checked is a setting's flag: parsed, then held to its least.
+type checked struct{ it *Item }
+
+func (c checked) String() string {
+	if c.it == nil {
+		return ""
+	}
+	return c.it.value.String()
+}
+
+func (c checked) Set(s string) error {
+	if err := c.it.value.Set(s); err != nil {
+		return err
+	}
+	if err := c.it.check(); err != nil {
+		return err
+	}
+	if c.it.onSet != nil {
+		c.it.onSet()
+	}
+	return nil
+}
+
+func setZero[T int | time.Duration](p *T, def T) {
+	if *p == 0 {
+		*p = def
+	}
+}
+
+type intValue int
+
+func (v *intValue) String() string { return strconv.Itoa(int(*v)) }
+func (v *intValue) Set(s string) error {
+	n, err := strconv.Atoi(strings.TrimSpace(s))
+	if err != nil {
+		return fmt.Errorf("give a whole number")
+	}
+	*v = intValue(n)
+	return nil
+}
+
+type durationValue time.Duration
+
+func (v *durationValue) String() string { return time.Duration(*v).String() }
+func (v *durationValue) Set(s string) error {
+	d, err := time.ParseDuration(strings.TrimSpace(s))
+	if err != nil {
+		return fmt.Errorf("give a duration, e.g. 2.5s")
+	}
+	*v = durationValue(d)
+	return nil
+}
+
+type intsValue []int
+
+func (v *intsValue) String() string { return JoinInts(*v) }
+func (v *intsValue) Set(s string) error {
+	ns, err := ParseInts(s)
+	if err != nil {
+		return err
+	}
+	*v = ns
+	return nil
+}
+
+// JoinInts writes ns comma-separated.
+func JoinInts(ns []int) string {
+	s := make([]string, len(ns))
+	for i, n := range ns {
+		s[i] = strconv.Itoa(n)
+	}
+	return strings.Join(s, ",")
+}
+
+// ParseInts reads comma-separated counts: at least one, none negative,
+// blanks between commas ignored.
+func ParseInts(v string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(v, ",") {
+		f = strings.TrimSpace(f)
+		if f == "" {
+			continue
+		}
+		n, err := strconv.Atoi(f)
+		if err != nil || n < 0 {
+			return nil, fmt.Errorf("give comma-separated counts, e.g. 1000,10000")
+		}
+		out = append(out, n)
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("none given: give comma-separated counts, e.g. 1000,10000")
+	}
+	return out, nil
+}
