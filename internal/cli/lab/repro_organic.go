@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-	"time"
 
 	"github.com/duroxide-pg/migrations/internal/cli"
 	"github.com/duroxide-pg/migrations/internal/dbconn"
@@ -17,9 +16,8 @@ import (
 // organicRepro is repro.OrganicRepro: simulated dispatchers on hot
 // instances, no stale timestamp injected, optionally through PgBouncer.
 type organicRepro struct {
-	cfg         repro.OrganicConfig
-	lockTimeout time.Duration
-	bouncer     string
+	cfg     repro.OrganicConfig
+	bouncer string
 }
 
 func (*organicRepro) name() string { return "organic" }
@@ -30,24 +28,13 @@ func (*organicRepro) needsUpstream() bool { return true }
 
 func (o *organicRepro) register(fs *flag.FlagSet) {
 	o.cfg = repro.OrganicDefaults()
-	fs.IntVar(&o.cfg.Dispatchers, "dispatchers", o.cfg.Dispatchers, "organic: simulated dispatchers, each with its own connection")
-	fs.IntVar(&o.cfg.Instances, "instances", o.cfg.Instances, "organic: hot instances")
-	fs.IntVar(&o.cfg.HistoryEvents, "history", o.cfg.HistoryEvents, "organic: history events per instance")
-	fs.IntVar(&o.cfg.EventBytes, "event-bytes", o.cfg.EventBytes, "organic: approximate size of one history event")
-	fs.DurationVar(&o.lockTimeout, "lock-timeout", o.cfg.LockTimeout, fmt.Sprintf("organic: orchestrator lock timeout (0: %g x one uncontended fetch, measured now)", repro.LockTimeoutFactor))
-	fs.DurationVar(&o.cfg.PollInterval, "poll", o.cfg.PollInterval, "organic: minimum poll interval")
-	fs.DurationVar(&o.cfg.TurnTime, "turn", o.cfg.TurnTime, "organic: simulated turn time")
-	fs.DurationVar(&o.cfg.Duration, "duration", o.cfg.Duration, "organic: run time per version")
-	fs.DurationVar(&o.cfg.Skew, "skew", o.cfg.Skew, "organic: spread the dispatchers' clocks over [-skew, +skew]")
+	o.cfg.Register(fs)
 	fs.StringVar(&o.bouncer, "pgbouncer", "", "organic: the dispatchers connect through a PgBouncer started next to the server, in this pool mode (transaction, session or statement)")
 }
 
 func (o *organicRepro) validate(bool) error {
-	if o.lockTimeout != 0 {
-		o.cfg.LockTimeout, o.cfg.CalibrateLockTimeout = o.lockTimeout, false
-	}
 	if err := o.cfg.CheckSettings(); err != nil {
-		return cli.Usagef("%v", err)
+		return usageOf(err)
 	}
 	if o.bouncer != "" && !slices.Contains(pgtest.PoolModes(), o.bouncer) {
 		return cli.Usagef("--pgbouncer %q: use a pool mode, one of %s", o.bouncer, strings.Join(pgtest.PoolModes(), ", "))

@@ -3,7 +3,6 @@ package lab
 import (
 	"context"
 	"flag"
-	"fmt"
 	"slices"
 	"strings"
 
@@ -37,12 +36,9 @@ func (*runtimeRepro) needsUpstream() bool { return true }
 
 func (r *runtimeRepro) register(fs *flag.FlagSet) {
 	r.held, r.pool = repro.RuntimeDefaults(), repro.RuntimePoolDefaults()
-	fs.DurationVar(&r.held.Hold, "runtime-hold", r.held.Hold, fmt.Sprintf("runtime: how long another session holds the instance's advisory key each time (above the runtime's %v lock timeout)", repro.RuntimeLockTimeout))
-	fs.IntVar(&r.held.Holds, "runtime-holds", r.held.Holds, "runtime: how many times it holds the key (11 passes the runtime's poison threshold)")
+	r.held.Register(fs)
 	fs.StringVar(&r.form, "form", runtimeFormAll, "runtime: the form to run: held-key (another session holds the instance's advisory key), pool (another session makes the runtime's pooled connections wait; no advisory lock), or all")
-	fs.DurationVar(&r.pool.Hold, "pool-hold", r.pool.Hold, fmt.Sprintf("runtime pool form: how long another session holds worker_queue's table lock each time (above the runtime's %v lock timeout, below the pool's %v acquire timeout)", repro.RuntimeLockTimeout, repro.PoolAcquireTimeout))
-	fs.IntVar(&r.pool.Holds, "pool-holds", r.pool.Holds, "runtime pool form: how many times it holds the lock")
-	fs.IntVar(&r.pool.Orchestrations, "pool-orchestrations", r.pool.Orchestrations, "runtime pool form: the backlog of orchestrations, each waiting for an event raised at once")
+	r.pool.Register(fs)
 }
 
 func (r *runtimeRepro) validate(bool) error {
@@ -50,12 +46,9 @@ func (r *runtimeRepro) validate(bool) error {
 		return cli.Usagef("--form %q: use %s", r.form, strings.Join(runtimeForms(), ", "))
 	}
 	if err := r.held.Validate(); err != nil {
-		return cli.Usagef("%v", err)
+		return usageOf(err)
 	}
-	if err := r.pool.Validate(); err != nil {
-		return cli.Usagef("%v", err)
-	}
-	return nil
+	return usageOf(r.pool.Validate())
 }
 
 // run runs each form --form names, held-key first, each its own section

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
-	"time"
 
 	migrations "github.com/duroxide-pg/migrations"
 	"github.com/duroxide-pg/migrations/internal/cli"
@@ -89,9 +88,8 @@ func (m *workerMinimalRepro) run(ctx context.Context, in *scenarioRun) (outcome,
 // workerRepro is repro.WorkerRepro: simulated activity workers on the
 // pack's pair of versions.
 type workerRepro struct {
-	pair        *workerPair
-	cfg         repro.WorkerConfig
-	lockTimeout time.Duration
+	pair *workerPair
+	cfg  repro.WorkerConfig
 }
 
 func (*workerRepro) name() string { return "worker" }
@@ -102,10 +100,7 @@ func (*workerRepro) needsUpstream() bool { return false }
 
 func (w *workerRepro) register(fs *flag.FlagSet) {
 	w.cfg = repro.WorkerDefaults()
-	fs.IntVar(&w.cfg.Runtimes, "worker-runtimes", w.cfg.Runtimes, "worker: simulated runtimes, each with its own clock")
-	fs.IntVar(&w.cfg.Slots, "worker-slots", w.cfg.Slots, "worker: worker slots per runtime, each with its own connection")
-	fs.DurationVar(&w.cfg.Duration, "worker-duration", w.cfg.Duration, "worker: run time per version")
-	fs.DurationVar(&w.lockTimeout, "worker-lock-timeout", w.cfg.LockTimeout, fmt.Sprintf("worker: worker lock timeout, whole seconds (0: calibrated, at least %v)", repro.WorkerMinLockTimeout))
+	w.cfg.Register(fs)
 }
 
 func (w *workerRepro) validate(chosen bool) error {
@@ -114,11 +109,8 @@ func (w *workerRepro) validate(chosen bool) error {
 			return err
 		}
 	}
-	if w.lockTimeout != 0 {
-		w.cfg.LockTimeout, w.cfg.CalibrateLockTimeout = w.lockTimeout, false
-	}
 	if err := w.cfg.CheckSettings(); err != nil {
-		return cli.Usagef("%v", err)
+		return usageOf(err)
 	}
 	if chosen && w.pair.pack == "" {
 		return cli.Usagef("repro: the worker repro compares the pack's pair: %v", w.pair.packErr)

@@ -25,9 +25,9 @@ func TestWorkerReproUsageErrors(t *testing.T) {
 		{[]string{"repro", "all", "--worker-versions", fmt.Sprintf("%d,%d", bug, fix-1)}, "worker repro compares"},
 		{[]string{"repro", "worker-minimal", "--worker-versions", fmt.Sprintf("%d,%d", bug, migrations.Latest()+1)}, fmt.Sprintf("between 1 and %d", migrations.Latest())},
 		{[]string{"repro", "worker-minimal", "--worker-versions", "24"}, "exactly two versions"},
-		{[]string{"repro", "worker", "--worker-runtimes", "0"}, "worker settings out of range"},
-		{[]string{"repro", "worker", "--worker-slots", "0"}, "worker settings out of range"},
-		{[]string{"repro", "worker", "--worker-duration", "0s"}, "worker settings out of range"},
+		{[]string{"repro", "worker", "--worker-runtimes", "0"}, "worker: worker-runtimes 0: at least 1"},
+		{[]string{"repro", "worker", "--worker-slots", "0"}, "worker: worker-slots 0: at least 1"},
+		{[]string{"repro", "worker", "--worker-duration", "0s"}, "worker: worker-duration 0s: at least 1ns"},
 		{[]string{"repro", "worker", "--worker-lock-timeout", "1500ms"}, "whole seconds"},
 		{[]string{"repro", "worker", "--worker-bogus", "1"}, "flag provided but not defined"},
 	} {

@@ -2,12 +2,13 @@ package repro
 
 import (
 	"context"
-	"errors"
+	"flag"
 	"fmt"
 	"time"
 
 	"github.com/duroxide-pg/migrations/internal/dbconn"
 	"github.com/duroxide-pg/migrations/internal/sim/dispatch"
+	"github.com/duroxide-pg/migrations/internal/sim/settings"
 	"github.com/duroxide-pg/migrations/internal/sim/simconfig"
 )
 
@@ -59,21 +60,34 @@ const (
 // Why these settings, and what they measured: docs/BENCH.md, "The repros'
 // settings".
 func OrganicDefaults() OrganicConfig {
-	return OrganicConfig{
-		Config: dispatch.Config{
-			Common: simconfig.Common{
-				PollInterval: 100 * time.Millisecond,
-				Duration:     10 * time.Second,
-			},
-			Dispatchers:   32,
-			Instances:     5,
-			HistoryEvents: 5000,
-			EventBytes:    250,
-			MaxAttempts:   10,
-		},
-		CalibrateLockTimeout: true,
-	}
+	var c OrganicConfig
+	c.settings().Fill()
+	return c
 }
+
+// settings are the organic repro's settings, bound to c: each one's
+// default, least value and flag. A lock timeout of 0 is calibrated.
+func (c *OrganicConfig) settings() *settings.List {
+	l := settings.New("organic: ")
+	l.Int(&c.Dispatchers, "dispatchers", 32, 1).Flag("dispatchers", "organic: simulated dispatchers, each with its own connection")
+	l.Int(&c.Instances, "instances", 5, 1).Flag("instances", "organic: hot instances")
+	l.Int(&c.HistoryEvents, "history", 5000, 0).Flag("history", "organic: history events per instance")
+	l.Int(&c.EventBytes, "event-bytes", 250, 1).Flag("event-bytes", "organic: approximate size of one history event")
+	l.Duration(&c.LockTimeout, "lock-timeout", 0, 0).
+		Flag("lock-timeout", fmt.Sprintf("organic: orchestrator lock timeout (0: %g x one uncontended fetch, measured now)", LockTimeoutFactor)).
+		OnSet(func() { c.CalibrateLockTimeout = c.LockTimeout == 0 })
+	l.Duration(&c.PollInterval, "poll", 100*time.Millisecond, time.Nanosecond).Flag("poll", "organic: minimum poll interval")
+	l.Duration(&c.TurnTime, "turn", 0, 0).Flag("turn", "organic: simulated turn time")
+	l.Duration(&c.Duration, "duration", 10*time.Second, time.Nanosecond).Flag("duration", "organic: run time per version")
+	l.Duration(&c.Skew, "skew", 0, 0).Flag("skew", "organic: spread the dispatchers' clocks over [-skew, +skew]")
+	l.Int(&c.MaxAttempts, "max-attempts", 10, 0)
+	l.After(func() { c.CalibrateLockTimeout = c.LockTimeout == 0 })
+	return l
+}
+
+// Register adds the organic repro's flags to fs, bound to c, its values as
+// their defaults.
+func (c *OrganicConfig) Register(fs *flag.FlagSet) { c.settings().Register(fs) }
 
 // OrganicConfig is the organic scenario: the dispatchers' settings, and
 // whether their lock timeout is measured on the machine before the run.
@@ -88,15 +102,8 @@ type OrganicConfig struct {
 
 // CheckSettings rejects settings the organic repro cannot run, before
 // anything connects (the schemas are the repro's own, so Schema is not
-// asked for): a dispatcher, an instance and a byte of event at least;
-// positive poll interval and duration; no negative history, lock timeout,
-// turn time or skew.
-func (c OrganicConfig) CheckSettings() error {
-	if c.Dispatchers < 1 || c.Instances < 1 || c.HistoryEvents < 0 || c.EventBytes < 1 || c.LockTimeout < 0 || c.PollInterval <= 0 || c.TurnTime < 0 || c.Duration <= 0 || c.Skew < 0 {
-		return errors.New("organic settings out of range: dispatchers, instances, event-bytes >= 1; poll, duration > 0; history, lock-timeout, turn, skew >= 0")
-	}
-	return nil
-}
+// asked for): each setting at least its least (settings).
+func (c OrganicConfig) CheckSettings() error { return c.settings().Check() }
 
 // OrganicShort is OrganicDefaults cut to 8 s per version, for the test
 // suite: about 14 s for calibration and both versions.
@@ -120,8 +127,8 @@ type OrganicSettings struct {
 	MaxAttempts    int     `json:"max_attempts"`
 }
 
-// settings echoes cfg, its defaults applied.
-func settings(cfg dispatch.Config) OrganicSettings {
+// echoOrganic echoes cfg, its defaults applied.
+func echoOrganic(cfg dispatch.Config) OrganicSettings {
 	return OrganicSettings{
 		Dispatchers: cfg.Dispatchers, Instances: cfg.Instances, HistoryEvents: cfg.HistoryEvents,
 		EventBytes: cfg.EventBytes, LockTimeoutMs: cfg.LockTimeout.Milliseconds(),
@@ -178,7 +185,7 @@ func RunOrganic(ctx context.Context, src *dbconn.Source, sides []Side, cfg Organ
 	if err != nil {
 		return OrganicResult{}, fmt.Errorf("organic: %w", err)
 	}
-	res := OrganicResult{Settings: settings(dcfg), Calibration: cal}
+	res := OrganicResult{Settings: echoOrganic(dcfg), Calibration: cal}
 	for _, side := range sides {
 		run, err := runOrganicSide(ctx, src, side, dcfg, progress)
 		if err != nil {

@@ -73,7 +73,7 @@ func sampleResult() OrganicResult {
 	shareHistogramAxis(runs, 30, dispatch.Remaining)
 	cfg := OrganicDefaults().WithDefaults()
 	cfg.LockTimeout = 30 * time.Millisecond
-	res := OrganicResult{Settings: settings(cfg), Runs: runs}
+	res := OrganicResult{Settings: echoOrganic(cfg), Runs: runs}
 	res.Verdict = judge(runs)
 	return res
 }

@@ -15,6 +15,7 @@ package repro
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"strings"
@@ -24,6 +25,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/duroxide-pg/migrations/internal/dbconn"
+	"github.com/duroxide-pg/migrations/internal/sim/settings"
 	"github.com/duroxide-pg/migrations/internal/testenv/upstream"
 )
 
@@ -42,15 +44,33 @@ type RuntimeConfig struct {
 }
 
 // RuntimeDefaults is the repro's default: three holds of 7 s.
-func RuntimeDefaults() RuntimeConfig { return RuntimeConfig{Hold: 7 * time.Second, Holds: 3} }
+func RuntimeDefaults() RuntimeConfig {
+	var c RuntimeConfig
+	c.settings().Fill()
+	return c
+}
+
+// settings are the runtime repro's settings, bound to c: each one's
+// default, least value and flag.
+func (c *RuntimeConfig) settings() *settings.List {
+	l := settings.New("runtime repro: ")
+	l.Duration(&c.Hold, "runtime-hold", 7*time.Second, 0).Flag("runtime-hold", fmt.Sprintf(
+		"runtime: how long another session holds the instance's advisory key each time (above the runtime's %v lock timeout)", RuntimeLockTimeout))
+	l.Int(&c.Holds, "runtime-holds", 3, 1).Flag("runtime-holds", "runtime: how many times it holds the key (11 passes the runtime's poison threshold)")
+	return l
+}
+
+// Register adds the runtime repro's flags to fs, bound to c, its values as
+// their defaults.
+func (c *RuntimeConfig) Register(fs *flag.FlagSet) { c.settings().Register(fs) }
 
 // Validate refuses settings that cannot show the symptom.
 func (c RuntimeConfig) Validate() error {
+	if err := c.settings().Check(); err != nil {
+		return err
+	}
 	if c.Hold <= RuntimeLockTimeout {
 		return fmt.Errorf("runtime repro: the hold (%v) must exceed the runtime's lock timeout (%v)", c.Hold, RuntimeLockTimeout)
-	}
-	if c.Holds < 1 {
-		return fmt.Errorf("runtime repro: holds must be at least 1, not %d", c.Holds)
 	}
 	return nil
 }

@@ -23,6 +23,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -38,6 +39,7 @@ import (
 
 	"github.com/duroxide-pg/migrations/internal/dbconn"
 	"github.com/duroxide-pg/migrations/internal/sim/eventlog"
+	"github.com/duroxide-pg/migrations/internal/sim/settings"
 	"github.com/duroxide-pg/migrations/internal/testenv/upstream"
 )
 
@@ -90,32 +92,42 @@ type RuntimePoolConfig struct {
 // upstream and its candidate) or in its ack (which passes everywhere);
 // with 4 slots a hold refused 0 to 3 turns here, with 16 about 8.
 func RuntimePoolDefaults() RuntimePoolConfig {
-	return RuntimePoolConfig{
-		Hold:                     6500 * time.Millisecond,
-		Holds:                    3,
-		Gap:                      200 * time.Millisecond,
-		Lead:                     100 * time.Millisecond,
-		PoolMax:                  1,
-		Orchestrations:           1200,
-		OrchestrationConcurrency: 16,
-		WorkerConcurrency:        1,
-	}
+	var c RuntimePoolConfig
+	c.settings().Fill()
+	return c
 }
+
+// settings are the runtime pool repro's settings, bound to c: each one's
+// default, least value and flag.
+func (c *RuntimePoolConfig) settings() *settings.List {
+	l := settings.New("runtime pool repro: ")
+	l.Duration(&c.Hold, "pool-hold", 6500*time.Millisecond, 0).Flag("pool-hold", fmt.Sprintf(
+		"runtime pool form: how long another session holds worker_queue's table lock each time (above the runtime's %v lock timeout, below the pool's %v acquire timeout)", RuntimeLockTimeout, PoolAcquireTimeout))
+	l.Int(&c.Holds, "pool-holds", 3, 1).Flag("pool-holds", "runtime pool form: how many times it holds the lock")
+	l.Duration(&c.Gap, "gap", 200*time.Millisecond, 0)
+	l.Duration(&c.Lead, "lead", 100*time.Millisecond, 0)
+	l.Int(&c.PoolMax, "pool", 1, 1)
+	l.Int(&c.Orchestrations, "pool-orchestrations", 1200, 0).Flag("pool-orchestrations", "runtime pool form: the backlog of orchestrations, each waiting for an event raised at once")
+	l.Int(&c.OrchestrationConcurrency, "orchestration concurrency", 16, 1)
+	l.Int(&c.WorkerConcurrency, "worker concurrency", 1, 1)
+	return l
+}
+
+// Register adds the runtime pool repro's flags to fs, bound to c, its
+// values as their defaults.
+func (c *RuntimePoolConfig) Register(fs *flag.FlagSet) { c.settings().Register(fs) }
 
 // Validate refuses settings that cannot show the symptom.
 func (c RuntimePoolConfig) Validate() error {
+	if err := c.settings().Check(); err != nil {
+		return err
+	}
 	switch {
 	case c.Hold <= RuntimeLockTimeout:
 		return fmt.Errorf("runtime pool repro: the hold (%v) must exceed the runtime's lock timeout (%v)", c.Hold, RuntimeLockTimeout)
 	case c.Hold >= PoolAcquireTimeout:
 		return fmt.Errorf("runtime pool repro: the hold (%v) must stay below the pool's acquire timeout (%v), or the waiting fetch fails instead", c.Hold, PoolAcquireTimeout)
-	case c.Holds < 1:
-		return fmt.Errorf("runtime pool repro: holds must be at least 1, not %d", c.Holds)
-	case c.Gap < 0 || c.Lead < 0:
-		return fmt.Errorf("runtime pool repro: the gap (%v) and the lead (%v) cannot be negative", c.Gap, c.Lead)
-	case c.WorkerConcurrency < 1 || c.OrchestrationConcurrency < 1:
-		return fmt.Errorf("runtime pool repro: worker (%d) and orchestration (%d) concurrency must be at least 1", c.WorkerConcurrency, c.OrchestrationConcurrency)
-	case c.PoolMax < 1 || c.PoolMax > c.WorkerConcurrency:
+	case c.PoolMax > c.WorkerConcurrency:
 		return fmt.Errorf("runtime pool repro: the pool (%d) must be at least 1 and at most the worker slots (%d), or a connection stays free for the orchestration fetches", c.PoolMax, c.WorkerConcurrency)
 	case c.Orchestrations < c.minOrchestrations():
 		return fmt.Errorf("runtime pool repro: %d orchestrations cannot outlast %d holds of %d orchestration slots; use at least %d", c.Orchestrations, c.Holds, c.OrchestrationConcurrency, c.minOrchestrations())
@@ -154,7 +166,8 @@ type RuntimePoolSettings struct {
 	LockTimeoutMs            int64 `json:"lock_timeout_ms"`
 }
 
-func (c RuntimePoolConfig) settings() RuntimePoolSettings {
+// echo echoes c in readable units.
+func (c RuntimePoolConfig) echo() RuntimePoolSettings {
 	return RuntimePoolSettings{
 		HoldMs: c.Hold.Milliseconds(), Holds: c.Holds, GapMs: c.Gap.Milliseconds(), LeadMs: c.Lead.Milliseconds(),
 		PoolMax: c.PoolMax, Orchestrations: c.Orchestrations, OrchestrationConcurrency: c.OrchestrationConcurrency,
@@ -314,7 +327,7 @@ func (r *RuntimePoolResult) judge() {
 // prefix runtime_pool) and runs the form on each in turn. Upstream's side
 // and the pack's are required.
 func RuntimePoolRepro(ctx context.Context, src *dbconn.Source, p *upstream.Provider, cfg RuntimePoolConfig, sides []string, progress func(string)) (RuntimePoolResult, error) {
-	res := RuntimePoolResult{Addon: upstream.AddonPackage, Settings: cfg.settings()}
+	res := RuntimePoolResult{Addon: upstream.AddonPackage, Settings: cfg.echo()}
 	if err := cfg.Validate(); err != nil {
 		return res, err
 	}

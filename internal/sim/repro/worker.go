@@ -2,7 +2,7 @@ package repro
 
 import (
 	"context"
-	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"sort"
@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/duroxide-pg/migrations/internal/dbconn"
-	"github.com/duroxide-pg/migrations/internal/sim/simconfig"
+	"github.com/duroxide-pg/migrations/internal/sim/settings"
 	"github.com/duroxide-pg/migrations/internal/sim/worker"
 )
 
@@ -53,24 +53,32 @@ const (
 // Why the skew, and what it does to the sessions: docs/BENCH.md, "The
 // repros' settings".
 func WorkerDefaults() WorkerConfig {
-	return WorkerConfig{
-		Config: worker.Config{
-			Common: simconfig.Common{
-				PollInterval: 100 * time.Millisecond,
-				Duration:     10 * time.Second,
-			},
-			Runtimes:   4,
-			Slots:      4,
-			Items:      400,
-			Sessions:   8,
-			Tagged:     true,
-			Refill:     true,
-			LongEvery:  8,
-			WatchLocks: true,
-		},
-		CalibrateLockTimeout: true,
-	}
+	c := WorkerConfig{Config: worker.Config{Tagged: true, Refill: true, WatchLocks: true}}
+	c.settings().Fill()
+	return c
 }
+
+// settings are the worker repro's settings, bound to c: each one's
+// default, least value and flag. A lock timeout of 0 is calibrated.
+func (c *WorkerConfig) settings() *settings.List {
+	l := settings.New("worker: ")
+	l.Int(&c.Runtimes, "worker-runtimes", 4, 1).Flag("worker-runtimes", "worker: simulated runtimes, each with its own clock")
+	l.Int(&c.Slots, "worker-slots", 4, 1).Flag("worker-slots", "worker: worker slots per runtime, each with its own connection")
+	l.Duration(&c.Duration, "worker-duration", 10*time.Second, time.Nanosecond).Flag("worker-duration", "worker: run time per version")
+	l.Duration(&c.LockTimeout, "worker-lock-timeout", 0, 0).
+		Flag("worker-lock-timeout", fmt.Sprintf("worker: worker lock timeout, whole seconds (0: calibrated, at least %v)", WorkerMinLockTimeout)).
+		OnSet(func() { c.CalibrateLockTimeout = c.LockTimeout == 0 })
+	l.Duration(&c.PollInterval, "poll interval", 100*time.Millisecond, 0)
+	l.Int(&c.Items, "items", 400, 0)
+	l.Int(&c.Sessions, "sessions", 8, 0)
+	l.Int(&c.LongEvery, "long every", 8, 0)
+	l.After(func() { c.CalibrateLockTimeout = c.LockTimeout == 0 })
+	return l
+}
+
+// Register adds the worker repro's flags to fs, bound to c, its values as
+// their defaults.
+func (c *WorkerConfig) Register(fs *flag.FlagSet) { c.settings().Register(fs) }
 
 // WorkerConfig is the worker scenario: the workers' settings, and whether
 // their lock timeout is measured on the machine before the run.
@@ -88,8 +96,11 @@ type WorkerConfig struct {
 // and a lock timeout of 0 (calibrated) or whole seconds (duroxide-pg
 // sends seconds).
 func (c WorkerConfig) CheckSettings() error {
-	if c.Runtimes < 1 || c.Slots < 1 || c.Duration <= 0 || c.LockTimeout < 0 || c.LockTimeout%time.Second != 0 {
-		return errors.New("worker settings out of range: worker-runtimes, worker-slots >= 1; worker-duration > 0; worker-lock-timeout 0 or whole seconds")
+	if err := c.settings().Check(); err != nil {
+		return err
+	}
+	if c.LockTimeout%time.Second != 0 {
+		return fmt.Errorf("worker: worker-lock-timeout %v: 0 or whole seconds", c.LockTimeout)
 	}
 	return nil
 }

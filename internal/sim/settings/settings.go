@@ -26,26 +26,40 @@ func New(prefix string) *List { return &List{prefix: prefix} }
 
 // Item is one setting.
 type Item struct {
-	list  *List
-	name  string
-	fill  func()
-	check func() error
-	value flag.Value
-	flag  string
-	help  string
-	onSet func()
+	list     *List
+	name     string
+	fill     func()
+	check    func() error
+	register func(fs *flag.FlagSet, it *Item)
+	flag     string
+	help     string
+	onSet    func()
 }
 
 // Int declares *p: def when zero, at least least.
 func (l *List) Int(p *int, name string, def, least int) *Item {
-	return l.add(&Item{name: name, value: (*intValue)(p),
+	return l.add(&Item{name: name,
+		register: func(fs *flag.FlagSet, it *Item) {
+			if it.onSet != nil {
+				fs.Var(&onSetValue{set: (*intValue)(p), f: it.onSet}, it.flag, it.help)
+				return
+			}
+			fs.IntVar(p, it.flag, *p, it.help)
+		},
 		fill:  func() { setZero(p, def) },
 		check: func() error { return atLeast(l.prefix+name, *p, least) }})
 }
 
 // Duration declares *p: def when zero, at least least.
 func (l *List) Duration(p *time.Duration, name string, def, least time.Duration) *Item {
-	return l.add(&Item{name: name, value: (*durationValue)(p),
+	return l.add(&Item{name: name,
+		register: func(fs *flag.FlagSet, it *Item) {
+			if it.onSet != nil {
+				fs.Var(&onSetValue{set: (*durationValue)(p), f: it.onSet}, it.flag, it.help)
+				return
+			}
+			fs.DurationVar(p, it.flag, *p, it.help)
+		},
 		fill:  func() { setZero(p, def) },
 		check: func() error { return atLeast(l.prefix+name, *p, least) }})
 }
@@ -54,7 +68,10 @@ func (l *List) Duration(p *time.Duration, name string, def, least time.Duration)
 // given), every element at least least. Its flag takes comma-separated
 // counts.
 func (l *List) Ints(p *[]int, name string, def []int, least int) *Item {
-	return l.add(&Item{name: name, value: (*intsValue)(p),
+	return l.add(&Item{name: name,
+		register: func(fs *flag.FlagSet, it *Item) {
+			fs.Var(&onSetValue{set: (*intsValue)(p), f: it.onSet}, it.flag, it.help)
+		},
 		fill: func() {
 			if *p == nil {
 				*p = append([]int(nil), def...)
@@ -98,7 +115,8 @@ func (it *Item) Flag(name, help string) *Item {
 	return it
 }
 
-// OnSet runs f when the setting's flag is given.
+// OnSet runs f when the setting's flag is given (its help then names its
+// kind "value").
 func (it *Item) OnSet(f func()) *Item {
 	it.onSet = f
 	return it
@@ -124,38 +142,15 @@ func (l *List) Check() error {
 	return nil
 }
 
-// Register adds the flags of the settings that have one to fs, their
-// current values as defaults; a flag's value is checked against the
-// setting's least when it is parsed.
+// Register adds the flags of the settings that have one to fs, bound to
+// their values, which are the flags' defaults. Check holds what was parsed
+// to each setting's least.
 func (l *List) Register(fs *flag.FlagSet) {
 	for _, it := range l.items {
 		if it.flag != "" {
-			fs.Var(checked{it}, it.flag, it.help)
+			it.register(fs, it)
 		}
 	}
-}
-
-// checked is a setting's flag: parsed, then held to its least.
-type checked struct{ it *Item }
-
-func (c checked) String() string {
-	if c.it == nil {
-		return ""
-	}
-	return c.it.value.String()
-}
-
-func (c checked) Set(s string) error {
-	if err := c.it.value.Set(s); err != nil {
-		return err
-	}
-	if err := c.it.check(); err != nil {
-		return err
-	}
-	if c.it.onSet != nil {
-		c.it.onSet()
-	}
-	return nil
 }
 
 func setZero[T int | time.Duration](p *T, def T) {
@@ -164,9 +159,40 @@ func setZero[T int | time.Duration](p *T, def T) {
 	}
 }
 
+// onSetValue is a flag that runs f once set has parsed it. Its zero value
+// prints as the zero of its kind, so that a zero default is not shown.
+type onSetValue struct {
+	set interface {
+		flag.Value
+		zero() string
+	}
+	f func()
+}
+
+func (v *onSetValue) String() string {
+	if v == nil || v.set == nil {
+		return ""
+	}
+	if s := v.set.String(); s != v.set.zero() {
+		return s
+	}
+	return ""
+}
+
+func (v *onSetValue) Set(s string) error {
+	if err := v.set.Set(s); err != nil {
+		return err
+	}
+	if v.f != nil {
+		v.f()
+	}
+	return nil
+}
+
 type intValue int
 
 func (v *intValue) String() string { return strconv.Itoa(int(*v)) }
+func (v *intValue) zero() string   { return "0" }
 func (v *intValue) Set(s string) error {
 	n, err := strconv.Atoi(strings.TrimSpace(s))
 	if err != nil {
@@ -179,6 +205,7 @@ func (v *intValue) Set(s string) error {
 type durationValue time.Duration
 
 func (v *durationValue) String() string { return time.Duration(*v).String() }
+func (v *durationValue) zero() string   { return "0s" }
 func (v *durationValue) Set(s string) error {
 	d, err := time.ParseDuration(strings.TrimSpace(s))
 	if err != nil {
@@ -191,6 +218,7 @@ func (v *durationValue) Set(s string) error {
 type intsValue []int
 
 func (v *intsValue) String() string { return JoinInts(*v) }
+func (v *intsValue) zero() string   { return "" }
 func (v *intsValue) Set(s string) error {
 	ns, err := ParseInts(s)
 	if err != nil {

@@ -3,6 +3,7 @@ package settings
 import (
 	"flag"
 	"io"
+	"strings"
 	"testing"
 	"time"
 
@@ -54,7 +55,7 @@ func TestCheckNamesTheFirstSettingBelowItsLeast(t *testing.T) {
 	require.NoError(t, k.list().Check())
 }
 
-func TestRegisterParsesHoldsToTheLeastAndTellsWhenSet(t *testing.T) {
+func TestRegisterParsesAndCheckHoldsToTheLeast(t *testing.T) {
 	parse := func(args ...string) (knobs, error) {
 		var k knobs
 		l := k.list()
@@ -62,7 +63,10 @@ func TestRegisterParsesHoldsToTheLeastAndTellsWhenSet(t *testing.T) {
 		fs := flag.NewFlagSet("t", flag.ContinueOnError)
 		fs.SetOutput(io.Discard)
 		l.Register(fs)
-		return k, fs.Parse(args)
+		if err := fs.Parse(args); err != nil {
+			return k, err
+		}
+		return k, l.Check()
 	}
 	k, err := parse()
 	require.NoError(t, err)
@@ -79,6 +83,23 @@ func TestRegisterParsesHoldsToTheLeastAndTellsWhenSet(t *testing.T) {
 		_, err := parse(bad...)
 		require.Error(t, err, "%v", bad)
 	}
+}
+
+// The flags' help reads as the flag package's own: the kind of a count or
+// a duration, no zero default shown.
+func TestRegisteredFlagsPrintLikeTheFlagPackages(t *testing.T) {
+	var k knobs
+	l := k.list()
+	l.Fill()
+	k.count = 0
+	fs := flag.NewFlagSet("t", flag.ContinueOnError)
+	var help strings.Builder
+	fs.SetOutput(&help)
+	l.Register(fs)
+	fs.PrintDefaults()
+	require.Contains(t, help.String(), "-count int")
+	require.NotContains(t, help.String(), "(default 0)")
+	require.Contains(t, help.String(), "(default 1,2)")
 }
 
 func TestCountLists(t *testing.T) {
