@@ -11,7 +11,10 @@ import (
 // callsScenario is internal/callcost: where a call's server time goes,
 // uncontended, on upstream's schema as its runner makes it, the pack's
 // latest and its variants, in --rounds rounds.
-type callsScenario struct{ count int }
+type callsScenario struct {
+	fromUpstream
+	count int
+}
 
 func (*callsScenario) name() string { return "calls" }
 
@@ -22,8 +25,6 @@ func (*callsScenario) summary() string {
 func (s *callsScenario) register(fs *flag.FlagSet) {
 	fs.IntVar(&s.count, "calls-count", 2000, "calls: measured calls per cell, side and round")
 }
-
-func (*callsScenario) needsUpstream() bool { return true }
 
 func (s *callsScenario) validate(chosen bool) error {
 	if !chosen {

@@ -14,6 +14,7 @@ import (
 // while a writer enqueues, from each start state upstream's runner or the
 // pack makes.
 type migrateLoadScenario struct {
+	fromUpstream
 	messages, instances, rate int
 }
 
@@ -33,8 +34,6 @@ func (s *migrateLoadScenario) register(fs *flag.FlagSet) {
 func (s *migrateLoadScenario) load() migrateload.Load {
 	return migrateload.Load{Messages: s.messages, Instances: s.instances, Rate: s.rate, Lead: migrateload.Full().Lead, To: migrations.Latest()}
 }
-
-func (*migrateLoadScenario) needsUpstream() bool { return true }
 
 func (s *migrateLoadScenario) validate(chosen bool) error {
 	if !chosen {

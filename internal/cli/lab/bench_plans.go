@@ -11,7 +11,10 @@ import (
 // plansScenario is internal/planshape: the rows a queue read reads, call
 // after call on one session, next to rows it does not need, on upstream's
 // schema as its runner makes it and on the pack's latest.
-type plansScenario struct{ rows int }
+type plansScenario struct {
+	fromUpstream
+	rows int
+}
 
 func (*plansScenario) name() string { return "plans" }
 
@@ -22,8 +25,6 @@ func (*plansScenario) summary() string {
 func (s *plansScenario) register(fs *flag.FlagSet) {
 	fs.IntVar(&s.rows, "plans-rows", planshape.DefaultRows, "plans: the rows a call does not need, in every cell")
 }
-
-func (*plansScenario) needsUpstream() bool { return true }
 
 func (s *plansScenario) validate(chosen bool) error {
 	if !chosen {

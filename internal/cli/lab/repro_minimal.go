@@ -8,7 +8,7 @@ import (
 )
 
 // minimalRepro is repro.MinimalRepro: one stale fetch on every side.
-type minimalRepro struct{}
+type minimalRepro struct{ fromUpstream }
 
 func (minimalRepro) name() string { return "minimal" }
 func (minimalRepro) summary() string {
@@ -16,7 +16,6 @@ func (minimalRepro) summary() string {
 }
 func (minimalRepro) register(*flag.FlagSet) {}
 func (minimalRepro) validate(bool) error    { return nil }
-func (minimalRepro) needsUpstream() bool    { return true }
 
 func (minimalRepro) run(ctx context.Context, in *scenarioRun) (outcome, error) {
 	res, err := repro.MinimalRepro(ctx, in.db, in.provider, in.sides)

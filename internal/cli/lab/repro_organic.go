@@ -16,6 +16,7 @@ import (
 // organicRepro is repro.OrganicRepro: simulated dispatchers on hot
 // instances, no stale timestamp injected, optionally through PgBouncer.
 type organicRepro struct {
+	fromUpstream
 	cfg     repro.OrganicConfig
 	bouncer string
 }
@@ -24,7 +25,6 @@ func (*organicRepro) name() string { return "organic" }
 func (*organicRepro) summary() string {
 	return "simulated dispatchers on hot instances, no stale timestamp injected"
 }
-func (*organicRepro) needsUpstream() bool { return true }
 
 func (o *organicRepro) register(fs *flag.FlagSet) {
 	o.cfg = repro.OrganicDefaults()

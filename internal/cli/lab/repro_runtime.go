@@ -23,6 +23,7 @@ func runtimeForms() []string { return []string{runtimeFormHeldKey, runtimeFormPo
 // repro.RuntimeRepro (another session holds the instance's advisory key)
 // and repro.RuntimePoolRepro (the runtime's pooled connections wait).
 type runtimeRepro struct {
+	fromUpstream
 	form string
 	held repro.RuntimeConfig
 	pool repro.RuntimePoolConfig
@@ -32,7 +33,6 @@ func (*runtimeRepro) name() string { return "runtime" }
 func (*runtimeRepro) summary() string {
 	return "the real runtime on every side: a held advisory key, pooled connections that wait"
 }
-func (*runtimeRepro) needsUpstream() bool { return true }
 
 func (r *runtimeRepro) register(fs *flag.FlagSet) {
 	r.held, r.pool = repro.RuntimeDefaults(), repro.RuntimePoolDefaults()

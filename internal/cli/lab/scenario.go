@@ -38,6 +38,12 @@ type scenario interface {
 	run(ctx context.Context, in *scenarioRun) (outcome, error)
 }
 
+// fromUpstream is embedded by the scenarios whose run makes databases
+// with the real provider.
+type fromUpstream struct{}
+
+func (fromUpstream) needsUpstream() bool { return true }
+
 // scenarioRun is what the command hands a scenario's run.
 type scenarioRun struct {
 	env *cli.Env

@@ -59,9 +59,15 @@ const (
 //
 // Why these settings, and what they measured: docs/BENCH.md, "The repros'
 // settings".
-func OrganicDefaults() OrganicConfig {
-	var c OrganicConfig
-	c.settings().Fill()
+func OrganicDefaults() OrganicConfig { return defaultsOf[OrganicConfig]() }
+
+// defaultsOf is a zero config with its settings' defaults filled in.
+func defaultsOf[T any, P interface {
+	*T
+	settings() *settings.List
+}]() T {
+	var c T
+	P(&c).settings().Fill()
 	return c
 }
 

@@ -44,11 +44,7 @@ type RuntimeConfig struct {
 }
 
 // RuntimeDefaults is the repro's default: three holds of 7 s.
-func RuntimeDefaults() RuntimeConfig {
-	var c RuntimeConfig
-	c.settings().Fill()
-	return c
-}
+func RuntimeDefaults() RuntimeConfig { return defaultsOf[RuntimeConfig]() }
 
 // settings are the runtime repro's settings, bound to c: each one's
 // default, least value and flag.

@@ -91,11 +91,7 @@ type RuntimePoolConfig struct {
 // caught by a hold waits either in its fetch (a stale lease: refused at
 // upstream and its candidate) or in its ack (which passes everywhere);
 // with 4 slots a hold refused 0 to 3 turns here, with 16 about 8.
-func RuntimePoolDefaults() RuntimePoolConfig {
-	var c RuntimePoolConfig
-	c.settings().Fill()
-	return c
-}
+func RuntimePoolDefaults() RuntimePoolConfig { return defaultsOf[RuntimePoolConfig]() }
 
 // settings are the runtime pool repro's settings, bound to c: each one's
 // default, least value and flag.

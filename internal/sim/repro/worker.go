@@ -53,8 +53,8 @@ const (
 // Why the skew, and what it does to the sessions: docs/BENCH.md, "The
 // repros' settings".
 func WorkerDefaults() WorkerConfig {
-	c := WorkerConfig{Config: worker.Config{Tagged: true, Refill: true, WatchLocks: true}}
-	c.settings().Fill()
+	c := defaultsOf[WorkerConfig]()
+	c.Tagged, c.Refill, c.WatchLocks = true, true, true
 	return c
 }
 

@@ -38,29 +38,30 @@ type Item struct {
 
 // Int declares *p: def when zero, at least least.
 func (l *List) Int(p *int, name string, def, least int) *Item {
-	return l.add(&Item{name: name,
-		register: func(fs *flag.FlagSet, it *Item) {
-			if it.onSet != nil {
-				fs.Var(&onSetValue{set: (*intValue)(p), f: it.onSet}, it.flag, it.help)
-				return
-			}
-			fs.IntVar(p, it.flag, *p, it.help)
-		},
-		fill:  func() { setZero(p, def) },
-		check: func() error { return atLeast(l.prefix+name, *p, least) }})
+	return number(l, p, name, def, least, (*intValue)(p), func(fs *flag.FlagSet, it *Item) { fs.IntVar(p, it.flag, *p, it.help) })
 }
 
 // Duration declares *p: def when zero, at least least.
 func (l *List) Duration(p *time.Duration, name string, def, least time.Duration) *Item {
+	return number(l, p, name, def, least, (*durationValue)(p), func(fs *flag.FlagSet, it *Item) { fs.DurationVar(p, it.flag, *p, it.help) })
+}
+
+// number declares a count or a duration: its flag is the flag package's
+// own (typed), or value when it runs a hook once set.
+func number[T int | time.Duration](l *List, p *T, name string, def, least T, value zeroValue, typed func(*flag.FlagSet, *Item)) *Item {
 	return l.add(&Item{name: name,
 		register: func(fs *flag.FlagSet, it *Item) {
 			if it.onSet != nil {
-				fs.Var(&onSetValue{set: (*durationValue)(p), f: it.onSet}, it.flag, it.help)
+				fs.Var(&onSetValue{set: value, f: it.onSet}, it.flag, it.help)
 				return
 			}
-			fs.DurationVar(p, it.flag, *p, it.help)
+			typed(fs, it)
 		},
-		fill:  func() { setZero(p, def) },
+		fill: func() {
+			if *p == 0 {
+				*p = def
+			}
+		},
 		check: func() error { return atLeast(l.prefix+name, *p, least) }})
 }
 
@@ -153,20 +154,17 @@ func (l *List) Register(fs *flag.FlagSet) {
 	}
 }
 
-func setZero[T int | time.Duration](p *T, def T) {
-	if *p == 0 {
-		*p = def
-	}
+// zeroValue is a flag.Value that knows how its zero prints.
+type zeroValue interface {
+	flag.Value
+	zero() string
 }
 
 // onSetValue is a flag that runs f once set has parsed it. Its zero value
 // prints as the zero of its kind, so that a zero default is not shown.
 type onSetValue struct {
-	set interface {
-		flag.Value
-		zero() string
-	}
-	f func()
+	set zeroValue
+	f   func()
 }
 
 func (v *onSetValue) String() string {
