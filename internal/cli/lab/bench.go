@@ -18,7 +18,52 @@ import (
 
 // benchSummary is the line of `harness help` for the bench command (the
 // versions compared are in `harness-lab bench -h`, read from the pack).
-const benchSummary = "speed before and after the pack's fixes, side by side in one run: bench [--rounds 3] [--duration 2.5s] [--scenarios backlog,hot,queue-only,migrate,worker,scale,runtime,migrate-load,plans,calls] [--scale-blocked 1000,10000,100000] [--json FILE] [--report DIR] [--dsn DSN]"
+func benchSummary() string {
+	return "speed before and after the pack's fixes, side by side in one run: bench [--rounds 3] [--duration 2.5s] [--scenarios " +
+		strings.Join(benchNames(), ",") + "] [--scale-blocked 1000,10000,100000] [--json FILE] [--report DIR] [--dsn DSN]"
+}
+
+// benchNames are the names of every bench scenario: package bench's, then
+// the lab's own.
+func benchNames() []string {
+	var names []string
+	for _, d := range bench.Described() {
+		names = append(names, d.Name)
+	}
+	for _, s := range benchScenarios() {
+		names = append(names, s.name())
+	}
+	return names
+}
+
+// scenariosHelp is --scenarios' help: every scenario, with what it
+// compares, package bench's then the lab's own.
+func scenariosHelp() string {
+	var help []string
+	for _, d := range bench.Described() {
+		if d.Summary == "" {
+			help = append(help, d.Name)
+			continue
+		}
+		help = append(help, fmt.Sprintf("%s (%s)", d.Name, d.Summary))
+	}
+	for _, s := range benchScenarios() {
+		help = append(help, fmt.Sprintf("%s (%s; not run unless named)", s.name(), s.summary()))
+	}
+	return "scenarios to run: " + strings.Join(help, ", ")
+}
+
+// reportHelp is --report's help: package bench's files, then those of
+// each of the lab's own scenarios.
+func reportHelp() string {
+	var own []string
+	for _, s := range benchScenarios() {
+		if r, ok := s.(ownReport); ok {
+			own = append(own, fmt.Sprintf("%s: %s", s.name(), strings.Join(r.reportFiles(), " and ")))
+		}
+	}
+	return fmt.Sprintf("write %s, %s and %s into this directory (%s)", bench.ReportFile, bench.ChartFile, bench.JSONFile, strings.Join(own, "; "))
+}
 
 // runBench is `harness-lab bench`: every scenario of package bench, rounds
 // alternating the versions before and after the fix of
@@ -32,21 +77,14 @@ func runBench(ctx context.Context, env *cli.Env, args []string) error {
 	dsn := fs.String("dsn", "", "use this existing server (a database is created and dropped) instead of a throwaway one")
 	rounds := fs.Int("rounds", def.Rounds, "rounds per cell and version (at least 3)")
 	duration := fs.Duration("duration", def.Duration, "run time of one cell, per version and round")
-	rprev, rlatest := bench.RuntimeVersions()
 	own := benchScenarios()
-	var ownHelp []string
-	for _, s := range own {
-		ownHelp = append(ownHelp, fmt.Sprintf("%s (%s; not run unless named)", s.name(), s.summary()))
-	}
-	scenarios := fs.String("scenarios", strings.Join(def.Scenarios, ","), fmt.Sprintf(
-		"scenarios to run: backlog, hot, queue-only, migrate (%s), worker (%s), scale (%s), runtime (the real runtime: upstream's schema against %d and %d), %s",
-		pairOf(bench.Versions()), pairOf(bench.WorkerVersions()), pairOf(bench.ScaleVersions()), rprev, rlatest, strings.Join(ownHelp, ", ")))
+	scenarios := fs.String("scenarios", strings.Join(def.Scenarios, ","), scenariosHelp())
 	cfg.Register(fs)
 	for _, s := range own {
 		s.register(fs)
 	}
 	jsonFile := fs.String("json", "", "write the result as JSON to this file")
-	reportDir := fs.String("report", "", "write report.md, throughput.svg and bench.json into this directory (migrate-load: migrate-load.md and migrate-load.json; plans: plans.md and plans.json; calls: calls.md and calls.json)")
+	reportDir := fs.String("report", "", reportHelp())
 	pos, err := cli.Parse(fs, args)
 	if err != nil {
 		return err
@@ -81,11 +119,7 @@ func runBench(ctx context.Context, env *cli.Env, args []string) error {
 		}
 	}
 	if len(cfg.Scenarios) == 0 && len(chosen) == 0 {
-		names := []string{"backlog", "hot", "queue-only", "migrate", "worker", "scale", "runtime"}
-		for _, s := range own {
-			names = append(names, s.name())
-		}
-		return cli.Usagef("--scenarios is empty: name some of %s", strings.Join(names, ", "))
+		return cli.Usagef("--scenarios is empty: name some of %s", strings.Join(benchNames(), ", "))
 	}
 	if err := cfg.Validate(); err != nil {
 		return cli.Usagef("%v", err)
@@ -194,13 +228,4 @@ func (p *progressBar) done() {
 	if p.tty && p.last > 0 {
 		fmt.Fprintln(p.w)
 	}
-}
-
-// pairOf says which versions a scenario compares, for the help: "schema B
-// against F", or why there are none.
-func pairOf(before, after int64, err error) string {
-	if err != nil {
-		return "none: " + err.Error()
-	}
-	return fmt.Sprintf("schema %d against %d", before, after)
 }

@@ -22,6 +22,8 @@ func (*callsScenario) summary() string {
 	return "where a call's server time goes, uncontended: upstream's schema, the latest and its variants"
 }
 
+func (*callsScenario) reportFiles() []string { return []string{callcost.ReportFile, callcost.JSONFile} }
+
 func (s *callsScenario) register(fs *flag.FlagSet) {
 	fs.IntVar(&s.count, "calls-count", 2000, "calls: measured calls per cell, side and round")
 }

@@ -24,6 +24,10 @@ func (*migrateLoadScenario) summary() string {
 	return "migrate up to the latest while a writer enqueues"
 }
 
+func (*migrateLoadScenario) reportFiles() []string {
+	return []string{migrateload.ReportFile, migrateload.JSONFile}
+}
+
 func (s *migrateLoadScenario) register(fs *flag.FlagSet) {
 	full := migrateload.Full()
 	fs.IntVar(&s.messages, "migrate-load-messages", full.Messages, "migrate-load: messages queued before the writer starts")

@@ -22,6 +22,10 @@ func (*plansScenario) summary() string {
 	return "rows a queue read reads, call after call: upstream's schema and the latest"
 }
 
+func (*plansScenario) reportFiles() []string {
+	return []string{planshape.ReportFile, planshape.JSONFile}
+}
+
 func (s *plansScenario) register(fs *flag.FlagSet) {
 	fs.IntVar(&s.rows, "plans-rows", planshape.DefaultRows, "plans: the rows a call does not need, in every cell")
 }

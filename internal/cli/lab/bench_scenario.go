@@ -25,6 +25,10 @@ func benchScenarios() []scenario {
 	}
 }
 
+// ownReport is a bench scenario that writes a report of its own into
+// --report's directory: its files, for the help.
+type ownReport interface{ reportFiles() []string }
+
 // scenarioKey is a scenario name as --scenarios matches it: dashes and
 // underscores alike.
 func scenarioKey(name string) string { return strings.ReplaceAll(strings.TrimSpace(name), "-", "_") }

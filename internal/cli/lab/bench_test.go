@@ -63,7 +63,7 @@ func TestBenchHelp(t *testing.T) {
 	require.NoError(t, verr)
 	require.Contains(t, out.String(), fmt.Sprintf("migrate (schema %d against %d), worker (schema %d against %d)", bug, fix, wbug, wfix),
 		"the help names the versions compared, read from the pack")
-	require.Contains(t, benchSummary, "bench")
+	require.Contains(t, benchSummary(), "bench")
 	before, after, verr := bench.ScaleVersions()
 	require.NoError(t, verr)
 	require.Contains(t, out.String(), fmt.Sprintf("scale (schema %d against %d)", before, after),
@@ -170,4 +170,28 @@ func TestBenchCallsAtATinySize(t *testing.T) {
 	code, _, stderr = run(t, "bench", "--scenarios", "calls", "--calls-count", "0")
 	require.Equal(t, cli.ExitUsage, code)
 	require.Contains(t, stderr, "--calls-count 0")
+}
+
+// The bench command's help names every scenario from the registries
+// (package bench's and the lab's own), not from a list of its own: a new
+// scenario shows up without an edit here.
+func TestBenchHelpNamesEveryScenarioFromTheRegistries(t *testing.T) {
+	var out bytes.Buffer
+	env := &cli.Env{Program: "harness-lab", Stdout: &out, Stderr: &out}
+	require.True(t, errors.Is(runBench(context.Background(), env, []string{"-h"}), flag.ErrHelp))
+	for _, d := range bench.Described() {
+		require.Contains(t, benchSummary(), d.Name)
+		require.Contains(t, out.String(), d.Name)
+		if d.Summary != "" {
+			require.Contains(t, out.String(), fmt.Sprintf("%s (%s)", d.Name, d.Summary))
+		}
+	}
+	for _, s := range benchScenarios() {
+		require.Contains(t, benchSummary(), s.name())
+		require.Contains(t, out.String(), fmt.Sprintf("%s (%s; not run unless named)", s.name(), s.summary()))
+		if r, ok := s.(ownReport); ok {
+			require.Contains(t, out.String(), fmt.Sprintf("%s: %s", s.name(), strings.Join(r.reportFiles(), " and ")))
+		}
+	}
+	require.Len(t, benchNames(), len(bench.Described())+len(benchScenarios()))
 }

@@ -22,7 +22,7 @@ func program() cli.Program {
 		Name: "harness-lab",
 		Commands: []cli.Command{
 			{Name: "db", Summary: "throwaway database: db start [--backend auto|local|dsn|docker] [--migrate N]", Run: runDB},
-			{Name: "bench", Summary: benchSummary, Run: runBench},
+			{Name: "bench", Summary: benchSummary(), Run: runBench},
 			{Name: "soak", Summary: "fault-injection soak, exit 1 on any invariant violation: soak [--duration 5m] [--round 20s] [--dsn DSN] [--version N] [--seed N] [--no-restart] [--json FILE] | soak --runtime [--duration 5m] [--each] [--orchestrations N] [--doc FILE]", Run: runSoak},
 			{Name: "repro", Summary: "show the bugs before the pack's fixes and the fixes: " + strings.TrimPrefix(reproUsage(), "usage: harness-lab "), Run: runRepro},
 		},

@@ -89,6 +89,14 @@ func runRepro(ctx context.Context, env *cli.Env, args []string) error {
 	jsonFile := fs.String("json", "", "write the figures as JSON to this file")
 	reportDir := fs.String("report", "", "write a Markdown report (with a histogram of remaining lease) into this directory")
 	scenarios := reproScenarios()
+	flagsUsage := fs.Usage
+	fs.Usage = func() {
+		fmt.Fprintln(env.Stdout, reproUsage())
+		for _, s := range scenarios {
+			fmt.Fprintf(env.Stdout, "  %-15s %s\n", s.name(), s.summary())
+		}
+		flagsUsage()
+	}
 	for _, s := range scenarios {
 		s.register(fs)
 	}

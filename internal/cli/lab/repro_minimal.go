@@ -12,7 +12,7 @@ type minimalRepro struct{ fromUpstream }
 
 func (minimalRepro) name() string { return "minimal" }
 func (minimalRepro) summary() string {
-	return "one fetch with a timestamp minted before a wait, on every side"
+	return "one fetch with a caller timestamp behind the database clock, then its ack, on every side"
 }
 func (minimalRepro) register(*flag.FlagSet) {}
 func (minimalRepro) validate(bool) error    { return nil }

@@ -54,7 +54,7 @@ type workerMinimalRepro struct{ pair *workerPair }
 
 func (*workerMinimalRepro) name() string { return "worker-minimal" }
 func (*workerMinimalRepro) summary() string {
-	return "one activity fetch and ack at each of two versions, the clock of the caller behind"
+	return "a stale activity lease and a fetch that waits on its session row, at each of two versions"
 }
 func (*workerMinimalRepro) needsUpstream() bool { return false }
 

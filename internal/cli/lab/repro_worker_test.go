@@ -46,6 +46,9 @@ func TestReproHelpListsTheWorkerFlags(t *testing.T) {
 	for _, f := range []string{"-worker-versions", "-worker-runtimes", "-worker-slots", "-worker-duration", "-worker-lock-timeout"} {
 		require.Contains(t, out, f)
 	}
+	for _, s := range reproScenarios() {
+		require.Contains(t, out, fmt.Sprintf("  %-15s %s\n", s.name(), s.summary()), "the help lists every repro with what it shows")
+	}
 	require.Equal(t, []string{"minimal", "organic", "worker-minimal", "worker", "runtime"}, reproKinds(), "what `repro all` runs, in order")
 	require.Equal(t, repro.Kinds(), reproKinds(), "the lab's repros are the report's, in its order")
 }

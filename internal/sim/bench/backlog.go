@@ -32,12 +32,7 @@ func (backlogScenario) name() string { return backlog }
 func (backlogScenario) steps(c Config) int { return 2 * len(c.BacklogDispatchers) }
 
 func (backlogScenario) prepare(ctx context.Context, r *runState) error {
-	for _, side := range []string{sideBefore, sideAfter} {
-		if err := r.prep(ctx, backlog, side, r.versionOf(side), backlogConfig(r.cfg, 1), false); err != nil {
-			return err
-		}
-	}
-	return nil
+	return r.prepSides(ctx, backlog, backlogConfig(r.cfg, 1), false)
 }
 
 func (backlogScenario) cells(c Config, cmp Comparison[Sample]) []Cell {

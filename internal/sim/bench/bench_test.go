@@ -180,7 +180,7 @@ func TestReportRendering(t *testing.T) {
 		fmt.Sprintf("wall time of Up 0 -> %d (before column) and 0 -> %d (after column)", bug, fix)} {
 		require.Contains(t, string(md), want)
 	}
-	svg, err := os.ReadFile(filepath.Join(dir, throughputFile))
+	svg, err := os.ReadFile(filepath.Join(dir, ChartFile))
 	require.NoError(t, err)
 	require.True(t, strings.HasPrefix(string(svg), "<svg"))
 	require.True(t, strings.HasSuffix(string(svg), "</svg>\n"))

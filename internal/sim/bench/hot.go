@@ -55,10 +55,8 @@ func (hotScenario) validate(c Config, chosen bool) error {
 // prepare seeds both sides, then calibrates the lock timeout on the
 // before side when asked to.
 func (hotScenario) prepare(ctx context.Context, r *runState) error {
-	for _, side := range []string{sideBefore, sideAfter} {
-		if err := r.prep(ctx, ScenarioHot, side, r.versionOf(side), hotConfig(r.cfg), false); err != nil {
-			return err
-		}
+	if err := r.prepSides(ctx, ScenarioHot, hotConfig(r.cfg), false); err != nil {
+		return err
 	}
 	if !r.cfg.CalibrateHotLockTimeout {
 		return nil

@@ -8,6 +8,8 @@ type migrateScenario struct{ noCells }
 
 func (migrateScenario) name() string { return ScenarioMigrate }
 
+func (migrateScenario) summary() string { return pairOf(Versions()) }
+
 func (migrateScenario) steps(Config) int { return 2 }
 
 func (migrateScenario) prepare(_ context.Context, r *runState) error { return r.pairErr }

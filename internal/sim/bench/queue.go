@@ -31,10 +31,8 @@ func (queueScenario) name() string { return queueOnly }
 func (queueScenario) steps(c Config) int { return 3 * len(c.QueueDispatchers) }
 
 func (queueScenario) prepare(ctx context.Context, r *runState) error {
-	for _, side := range []string{sideBefore, sideAfter} {
-		if err := r.prep(ctx, queueOnly, side, r.versionOf(side), queueConfig(r.cfg, 1), true); err != nil {
-			return err
-		}
+	if err := r.prepSides(ctx, queueOnly, queueConfig(r.cfg, 1), true); err != nil {
+		return err
 	}
 	return r.prep(ctx, queueOnly, sideBare, r.after, queueConfig(r.cfg, 1), true)
 }

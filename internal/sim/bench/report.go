@@ -17,9 +17,9 @@ import (
 
 // Files WriteReport writes.
 const (
-	ReportFile     = "report.md"
-	throughputFile = "throughput.svg"
-	JSONFile       = "bench.json"
+	ReportFile = "report.md"
+	ChartFile  = "throughput.svg"
+	JSONFile   = "bench.json"
 )
 
 // num formats a figure: "n/a" for nil, integers without decimals, others
@@ -347,8 +347,8 @@ func WriteReport(dir string, r *Result) error {
 	var svg bytes.Buffer
 	plot := ""
 	if err := throughputSVG(&svg, r); err == nil {
-		plot = throughputFile
-		if err := os.WriteFile(filepath.Join(dir, throughputFile), svg.Bytes(), 0o644); err != nil {
+		plot = ChartFile
+		if err := os.WriteFile(filepath.Join(dir, ChartFile), svg.Bytes(), 0o644); err != nil {
 			return err
 		}
 	}

@@ -840,6 +840,11 @@ func (runtimeScenario) settings(c *Config, l *settings.List) {
 
 func (runtimeScenario) name() string { return ScenarioRuntime }
 
+func (runtimeScenario) summary() string {
+	prev, latest := RuntimeVersions()
+	return fmt.Sprintf("the real runtime: upstream's schema against %d and %d", prev, latest)
+}
+
 func (runtimeScenario) steps(c Config) int { return len(runtimeSides()) * len(runtimeCells(c)) }
 
 func (runtimeScenario) validate(c Config, chosen bool) error {

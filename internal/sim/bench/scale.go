@@ -269,10 +269,12 @@ func (scaleScenario) settings(c *Config, l *settings.List) {
 
 func (scaleScenario) name() string { return scale }
 
+func (scaleScenario) summary() string { return pairOf(ScaleVersions()) }
+
 func (scaleScenario) steps(c Config) int { return 2 * len(scaleCells(c, 0, 0)) }
 
-// validate holds the calls and the idle settings whatever runs; the
-// counts when the scenario runs.
+// validate holds the counts when the scenario runs (the calls and the
+// idle settings are held whatever runs, by their least in settings).
 func (scaleScenario) validate(c Config, chosen bool) error {
 	if !chosen {
 		return nil

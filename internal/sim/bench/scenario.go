@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/duroxide-pg/migrations/internal/dbconn"
@@ -12,8 +13,9 @@ import (
 )
 
 // scenario is one scenario of a run: its name (in Config.Scenarios and the
-// JSON), its settings (its part of Config, in its file, with their
-// defaults), their validation, how many cell runs one round of
+// JSON), its settings (its part of Config, in its file, each declared once
+// with its default, least value and flag), the checks across them, how
+// many cell runs one round of
 // it reports, and its run: prepare (its schemas, seeded, before any
 // round), its cells (the dispatcher and migrate cells it adds to the
 // result), one round, and what it does after the rounds (the scenarios
@@ -21,11 +23,14 @@ import (
 // new scenario is a file, a line in scenarios and its part in Config.
 type scenario interface {
 	name() string
+	// summary says what the scenario compares, for the help ("": its
+	// name says it).
+	summary() string
 	// settings declares the scenario's part of c: each setting's default,
 	// its least value and, for those the command line sets, its flag.
 	settings(c *Config, l *settings.List)
-	// validate checks the scenario's settings in c, whether it runs
-	// (chosen) or not: some bounds hold whatever runs.
+	// validate checks what the settings' least values do not (bounds
+	// across settings), told whether the scenario runs (chosen).
 	validate(c Config, chosen bool) error
 	steps(c Config) int
 	prepare(ctx context.Context, r *runState) error
@@ -59,11 +64,39 @@ func (c Config) chosen() []scenario {
 	return out
 }
 
+// Description is a scenario as the help names it.
+type Description struct {
+	// Name is the scenario's name with dashes (queue-only).
+	Name string
+	// Summary says what it compares ("" when its name says it).
+	Summary string
+}
+
+// Described lists every scenario, in the order a round runs them, for the
+// help of a command that runs them.
+func Described() []Description {
+	var out []Description
+	for _, s := range scenarios() {
+		out = append(out, Description{Name: strings.ReplaceAll(s.name(), "_", "-"), Summary: s.summary()})
+	}
+	return out
+}
+
+// pairOf says which versions a scenario compares: "schema B against F",
+// or why there are none.
+func pairOf(before, after int64, err error) string {
+	if err != nil {
+		return "none: " + err.Error()
+	}
+	return fmt.Sprintf("schema %d against %d", before, after)
+}
+
 // noCells is a scenario's part that does nothing: embedded, it leaves a
 // scenario to write only what it does.
 type noCells struct{}
 
 func (noCells) settings(*Config, *settings.List)            {}
+func (noCells) summary() string                             { return "" }
 func (noCells) validate(Config, bool) error                 { return nil }
 func (noCells) prepare(context.Context, *runState) error    { return nil }
 func (noCells) cells(Config, Comparison[Sample]) []Cell     { return nil }
@@ -133,6 +166,17 @@ func (r *runState) prep(ctx context.Context, scenario, side string, version int6
 		return err
 	}
 	r.schemas[schemaKey{scenario, side}] = p
+	return nil
+}
+
+// prepSides prepares the schema of scenario on the before and the after
+// side, each at its version of the fetch fix's pair (see prep).
+func (r *runState) prepSides(ctx context.Context, scenario string, dcfg dispatch.Config, dropHistory bool) error {
+	for _, side := range []string{sideBefore, sideAfter} {
+		if err := r.prep(ctx, scenario, side, r.versionOf(side), dcfg, dropHistory); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 

@@ -222,6 +222,8 @@ func (workerScenario) settings(c *Config, l *settings.List) {
 
 func (workerScenario) name() string { return ScenarioWorker }
 
+func (workerScenario) summary() string { return pairOf(WorkerVersions()) }
+
 func (workerScenario) steps(c Config) int { return c.workerSteps() }
 
 func (workerScenario) prepare(ctx context.Context, r *runState) error {
