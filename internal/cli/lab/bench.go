@@ -12,6 +12,7 @@ import (
 
 	"github.com/duroxide-pg/migrations/internal/cli"
 	"github.com/duroxide-pg/migrations/internal/sim/bench"
+	"github.com/duroxide-pg/migrations/internal/sim/settings"
 	"github.com/duroxide-pg/migrations/internal/testenv/pgtest"
 	"github.com/duroxide-pg/migrations/internal/testenv/upstream"
 )
@@ -75,8 +76,12 @@ func runBench(ctx context.Context, env *cli.Env, args []string) error {
 	cfg := def
 	fs := cli.NewFlags(env, "bench")
 	dsn := fs.String("dsn", "", "use this existing server (a database is created and dropped) instead of a throwaway one")
-	rounds := fs.Int("rounds", def.Rounds, "rounds per cell and version (at least 3)")
-	duration := fs.Duration("duration", def.Duration, "run time of one cell, per version and round")
+	// The command asks for 3 rounds at least, so that medians mean
+	// something (the library runs any number; its smoke tests run one).
+	run := settings.New("--")
+	run.Int(&cfg.Rounds, "rounds", def.Rounds, 3).Flag("rounds", "rounds per cell and version (at least 3)")
+	run.Duration(&cfg.Duration, "duration", def.Duration, 0).Flag("duration", "run time of one cell, per version and round")
+	run.Register(fs)
 	own := benchScenarios()
 	scenarios := fs.String("scenarios", strings.Join(def.Scenarios, ","), scenariosHelp())
 	cfg.Register(fs)
@@ -92,10 +97,10 @@ func runBench(ctx context.Context, env *cli.Env, args []string) error {
 	if len(pos) > 0 {
 		return cli.Usagef("harness-lab bench takes no arguments, got %q (run `harness-lab bench -h`)", pos[0])
 	}
-	if *rounds < 3 {
-		return cli.Usagef("--rounds %d: at least 3 rounds, so that medians mean something", *rounds)
+	if err := run.Check(); err != nil {
+		return usageOf(err)
 	}
-	cfg.Rounds, cfg.Duration, cfg.Scenarios = *rounds, *duration, nil
+	cfg.Scenarios = nil
 	named := map[int]bool{} // the lab's scenarios named, by index in own
 	for _, name := range strings.Split(*scenarios, ",") {
 		key := scenarioKey(name)
@@ -149,7 +154,7 @@ func runBench(ctx context.Context, env *cli.Env, args []string) error {
 	defer srv.Close(context.Background())
 
 	for _, s := range chosen {
-		if err := runBenchScenario(ctx, env, srv, provider, s, *rounds, *reportDir); err != nil {
+		if err := runBenchScenario(ctx, env, srv, provider, s, cfg.Rounds, *reportDir); err != nil {
 			return err
 		}
 	}
