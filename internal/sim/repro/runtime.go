@@ -120,26 +120,18 @@ func (s RuntimeSide) clean() bool {
 
 // RuntimeResult is the runtime repro's outcome.
 type RuntimeResult struct {
-	Addon         string        `json:"addon"`
-	HoldMs        int64         `json:"hold_ms"`
-	LockTimeoutMs int64         `json:"lock_timeout_ms"`
-	Sides         []RuntimeSide `json:"sides"`
-	// Reproduced: upstream refused an ack after every hold, attempt_count
-	// climbed by one a hold, and the orchestration did not complete while
-	// the key was being held.
-	Reproduced bool `json:"reproduced"`
-	// Fixed: the pack logged no line of the lease kind and completed after
-	// the first hold.
-	Fixed bool `json:"fixed"`
+	Addon         string `json:"addon"`
+	HoldMs        int64  `json:"hold_ms"`
+	LockTimeoutMs int64  `json:"lock_timeout_ms"`
+	// The sides and the verdict (OK: reproduced on upstream, fixed on the
+	// pack). Reproduced: upstream refused an ack after every hold,
+	// attempt_count climbed by one a hold, and the orchestration did not
+	// complete while the key was being held. Fixed: the pack logged no
+	// line of the lease kind and completed after the first hold.
+	sidesVerdict[RuntimeSide]
 }
 
-// OK is the verdict: reproduced on upstream, fixed on the pack.
-func (r RuntimeResult) OK() bool { return r.Reproduced && r.Fixed }
-
-// Side returns the side of key, if it ran.
-func (r RuntimeResult) Side(key string) (RuntimeSide, bool) {
-	return sideByKey(r.Sides, key, func(s RuntimeSide) string { return s.Side })
-}
+func (s RuntimeSide) key() string { return s.Side }
 
 // RuntimeRepro makes the sides' schemas in src's database (MakeSides,
 // prefix runtime) and runs the repro on each; upstream's and the pack's

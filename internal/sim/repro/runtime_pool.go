@@ -283,25 +283,18 @@ func (s RuntimePoolSide) fixVerdict(holds int) string {
 type RuntimePoolResult struct {
 	Addon    string              `json:"addon"`
 	Settings RuntimePoolSettings `json:"settings"`
-	Sides    []RuntimePoolSide   `json:"sides"`
+	// The sides and the verdict (OK: reproduced on upstream and its
+	// candidate, fixed on the pack and on the amended candidate).
 	// Reproduced: upstream's latest logged at least one "Invalid lock
-	// token" line, and so did upstream's candidate when it ran.
-	Reproduced bool `json:"reproduced"`
-	// Fixed: the pack's latest, under the same holds (each exhausted the
-	// pool, statements waited for a connection), logged no line of the
-	// lease kind and completed every orchestration with its own output;
-	// and so did the amended candidate when it ran.
-	Fixed bool `json:"fixed"`
+	// token" line, and so did upstream's candidate when it ran. Fixed: the
+	// pack's latest, under the same holds (each exhausted the pool,
+	// statements waited for a connection), logged no line of the lease
+	// kind and completed every orchestration with its own output; and so
+	// did the amended candidate when it ran.
+	sidesVerdict[RuntimePoolSide]
 }
 
-// OK is the verdict: reproduced on upstream and its candidate, fixed on
-// the pack (and on the amended candidate).
-func (r RuntimePoolResult) OK() bool { return r.Reproduced && r.Fixed }
-
-// Side returns the side of key, if it ran.
-func (r RuntimePoolResult) Side(key string) (RuntimePoolSide, bool) {
-	return sideByKey(r.Sides, key, func(s RuntimePoolSide) string { return s.Side })
-}
+func (s RuntimePoolSide) key() string { return s.Side }
 
 // judge sets the verdict from the sides: upstream and the pack must have
 // run; the candidate, when it ran, must show the bug, the amended

@@ -30,7 +30,7 @@ func poolResult() RuntimePoolResult {
 		return s
 	}
 	r := RuntimePoolResult{Addon: "addon", Settings: RuntimePoolDefaults().echo(),
-		Sides: []RuntimePoolSide{side(SideUpstream, 48), side(SideCandidate, 44), side(SidePack, 0)}}
+		sidesVerdict: sidesVerdict[RuntimePoolSide]{Sides: []RuntimePoolSide{side(SideUpstream, 48), side(SideCandidate, 44), side(SidePack, 0)}}}
 	r.judge()
 	return r
 }

@@ -41,7 +41,8 @@ func TestRuntimePrintSaysTheFormAndTheVerdict(t *testing.T) {
 	up, pack := runtimeSides()
 	candidate := pack
 	candidate.Side, candidate.Schema = SideCandidate, "c"
-	r := RuntimeResult{Addon: "addon", HoldMs: 7000, LockTimeoutMs: 5000, Sides: []RuntimeSide{up, candidate, pack}, Reproduced: true, Fixed: true}
+	r := RuntimeResult{Addon: "addon", HoldMs: 7000, LockTimeoutMs: 5000,
+		sidesVerdict: sidesVerdict[RuntimeSide]{Sides: []RuntimeSide{up, candidate, pack}, Reproduced: true, Fixed: true}}
 	var b bytes.Buffer
 	require.NoError(t, PrintRuntime(&b, r))
 	for _, want := range []string{"the deterministic form", "yes yes yes", "0 1 2", "after hold 1", "only once the key was let go",

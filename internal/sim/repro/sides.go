@@ -33,10 +33,28 @@ type Side struct {
 	Made string `json:"made"`
 }
 
-// sideByKey returns the first of sides whose key (keyOf) is key.
-func sideByKey[S any](sides []S, key string, keyOf func(S) string) (S, bool) {
-	for _, s := range sides {
-		if keyOf(s) == key {
+// keyed is what a side of the runtime repros says of itself: its key.
+type keyed interface{ key() string }
+
+// sidesVerdict is the runtime repros' outcome over their sides: each
+// side, and the verdict. It is embedded, so the result's JSON keeps its
+// keys (sides, reproduced, fixed) at the end.
+type sidesVerdict[S keyed] struct {
+	Sides []S `json:"sides"`
+	// Reproduced: upstream's side (and its candidate's, as the repro
+	// says) showed the bug.
+	Reproduced bool `json:"reproduced"`
+	// Fixed: the pack's side (and the amended candidate's) did not.
+	Fixed bool `json:"fixed"`
+}
+
+// OK is the verdict: reproduced, and fixed.
+func (v sidesVerdict[S]) OK() bool { return v.Reproduced && v.Fixed }
+
+// Side returns the side of key, if it ran.
+func (v sidesVerdict[S]) Side(key string) (S, bool) {
+	for _, s := range v.Sides {
+		if s.key() == key {
 			return s, true
 		}
 	}
