@@ -182,22 +182,21 @@ func PrintTable(w io.Writer, res OrganicResult) error {
 func organicMarkdown(res OrganicResult, histogramFile string) string {
 	var b strings.Builder
 	s := res.Settings
-	fmt.Fprintf(&b, "## Organic scenario: the runtime's dispatch loop on %s\n\n", runList(res.Runs))
-	fmt.Fprintf(&b, "%d simulated orchestration dispatchers (one connection each, the runtime's loop: "+
+	ran := fmt.Sprintf("%d simulated orchestration dispatchers (one connection each, the runtime's loop: "+
 		"p_now_ms minted just before each fetch, version filter 0..1029, %d ms minimum poll interval, "+
 		"renewal every ceil(timeout/2) s, poison ack past max_attempts %d, failure ack after a refused ack) "+
 		"on %d running instance(s) with %d history events of ~%d bytes each; lock timeout %d ms, "+
-		"turn time %d ms, clock skew ±%d ms, %.0f s per side.\n\n",
+		"turn time %d ms, clock skew ±%d ms, %.0f s per side.",
 		s.Dispatchers, s.PollIntervalMs, s.MaxAttempts, s.Instances, s.HistoryEvents, s.EventBytes,
 		s.LockTimeoutMs, s.TurnTimeMs, s.SkewMs, s.DurationS)
+	calibrated := ""
 	if c := res.Calibration; c != nil {
-		fmt.Fprintf(&b, "The lock timeout was calibrated on this machine: one uncontended fetch of a hot instance "+
+		calibrated = fmt.Sprintf("The lock timeout was calibrated on this machine: one uncontended fetch of a hot instance "+
 			"took %.1f ms (median of %d, schema %s), and the timeout is %g times that, rounded up: %d ms. "+
 			"At upstream's latest a lease dies when the caller waited longer than that in the call; at the pack only if delivering the row "+
-			"took longer.\n\n", c.FetchMs, c.Samples, c.Schema, c.Factor, c.LockTimeoutMs)
+			"took longer.", c.FetchMs, c.Samples, c.Schema, c.Factor, c.LockTimeoutMs)
 	}
-	header, rows := sideBySide(res.Runs, organicRows())
-	writeMarkdownTable(&b, header, rows)
+	writeSection(&b, "Organic scenario: the runtime's dispatch loop on "+runList(res.Runs), ran, calibrated, res.Runs, organicRows())
 	b.WriteString("\n")
 	for _, r := range res.Runs {
 		fmt.Fprintf(&b, "- %s: %s\n", r.Label(), r.Made)

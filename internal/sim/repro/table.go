@@ -62,6 +62,18 @@ func printSideBySide(w io.Writer, header []string, rows [][]string, v Verdict, b
 	return tw.Flush()
 }
 
+// writeSection writes the head of a simulated scenario's Markdown section:
+// its title, what ran, how its lock timeout was calibrated (when it was:
+// calibrated is not empty), and its runs side by side (defs).
+func writeSection[S, E any](b *strings.Builder, title, ran, calibrated string, runs []SchemaRun[S, E], defs []rowDef[S]) {
+	fmt.Fprintf(b, "## %s\n\n%s\n\n", title, ran)
+	if calibrated != "" {
+		fmt.Fprintf(b, "%s\n\n", calibrated)
+	}
+	header, rows := sideBySide(runs, defs)
+	writeMarkdownTable(b, header, rows)
+}
+
 // writeMarkdownTable writes header and rows as a Markdown table.
 func writeMarkdownTable(b *strings.Builder, header []string, rows [][]string) {
 	b.WriteString("| " + strings.Join(header, " | ") + " |\n|" + strings.Repeat("---|", len(header)) + "\n")

@@ -377,20 +377,19 @@ func printWorkerTable(w io.Writer, res WorkerResult) error {
 func workerMarkdown(res WorkerResult) string {
 	var b strings.Builder
 	s := res.Settings
-	fmt.Fprintf(&b, "## Worker scenario: simulated activity workers at versions %s\n\n", runList(res.Runs))
-	fmt.Fprintf(&b, "%d runtimes of %d worker slots (one connection and session owner each; per runtime a renew_session_lock loop "+
+	ran := fmt.Sprintf("%d runtimes of %d worker slots (one connection and session owner each; per runtime a renew_session_lock loop "+
 		"and cleanup_orphaned_sessions), a backlog of %d activities kept full, over %d sessions, tagged: %v; lock timeout %d ms, "+
 		"session lock timeout %d ms; activities up to %d ms, one in %d long (%d-%d ms, renewed with renew_work_item_lock); "+
-		"runtime clocks spread over -%d..+%d ms; %.0f s per version.\n\n",
+		"runtime clocks spread over -%d..+%d ms; %.0f s per version.",
 		s.Runtimes, s.Slots, s.Items, s.Sessions, s.Tagged, s.LockTimeoutMs, s.SessionLockTimeoutMs, s.ShortActivityMs, s.LongEvery,
 		s.LongActivityMinMs, s.LongActivityMaxMs, s.SkewBehindMs, s.SkewAheadMs, s.DurationS)
+	calibrated := ""
 	if c := res.Calibration; c != nil {
-		fmt.Fprintf(&b, "The lock timeout was calibrated: an uncontended fetch+ack cycle took %.1f ms (median of %d, schema %s); "+
-			"%d times that, in whole seconds, at least %v: %d ms.\n\n", c.CycleMs, c.Samples, c.Schema, workerLockTimeoutFactor,
+		calibrated = fmt.Sprintf("The lock timeout was calibrated: an uncontended fetch+ack cycle took %.1f ms (median of %d, schema %s); "+
+			"%d times that, in whole seconds, at least %v: %d ms.", c.CycleMs, c.Samples, c.Schema, workerLockTimeoutFactor,
 			WorkerMinLockTimeout, c.LockTimeoutMs)
 	}
-	header, rows := sideBySide(res.Runs, workerRows())
-	writeMarkdownTable(&b, header, rows)
+	writeSection(&b, "Worker scenario: simulated activity workers at versions "+runList(res.Runs), ran, calibrated, res.Runs, workerRows())
 	b.WriteString("\n### Remaining lease when fetch_work_item returned (locked_until − database clock)\n\n")
 	for _, r := range res.Runs {
 		fmt.Fprintf(&b, "v%d (%s): %d leases, %d dead at return\n\n```\n%s```\n\n", r.Version, r.Schema, r.Summary.Fetches,
