@@ -73,12 +73,26 @@ func reproKinds() []string {
 	return out
 }
 
-// reproPart is a repro's parts: res printed, its verdict under key, res
-// recorded into the report.
-func reproPart[R any](key string, res R, ok bool, print func(io.Writer, R) error, record func(*repro.Report, R)) part {
-	return part{key: key, ok: ok,
+// judged is a repro's result: it says whether it showed what it should.
+type judged interface{ OK() bool }
+
+// reproPart is a repro's part: res (unless err) printed, its verdict under
+// key, res recorded into the report.
+func reproPart[R judged](key string, res R, err error, print func(io.Writer, R) error, record func(*repro.Report, R)) (part, error) {
+	if err != nil {
+		return part{}, err
+	}
+	return part{key: key, ok: res.OK(),
 		print:  func(w io.Writer) error { return print(w, res) },
-		record: func(r *repro.Report) { record(r, res) }}
+		record: func(r *repro.Report) { record(r, res) }}, nil
+}
+
+// onePart is the outcome of a repro of one part.
+func onePart(p part, err error) (outcome, error) {
+	if err != nil {
+		return outcome{}, err
+	}
+	return outcome{parts: []part{p}}, nil
 }
 
 func runRepro(ctx context.Context, env *cli.Env, args []string) error {

@@ -19,9 +19,6 @@ func (minimalRepro) validate(bool) error    { return nil }
 
 func (minimalRepro) run(ctx context.Context, in *scenarioRun) (outcome, error) {
 	res, err := repro.MinimalRepro(ctx, in.db, in.provider, in.sides)
-	if err != nil {
-		return outcome{}, err
-	}
-	return outcome{parts: []part{reproPart("minimal", []repro.MinimalResult(res), res.OK(), repro.PrintMinimal,
-		func(r *repro.Report, res []repro.MinimalResult) { r.Minimal = res })}}, nil
+	return onePart(reproPart("minimal", res, err, repro.PrintMinimal,
+		func(r *repro.Report, res repro.MinimalResults) { r.Minimal = res }))
 }

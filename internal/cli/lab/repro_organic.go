@@ -60,9 +60,6 @@ func (o *organicRepro) run(ctx context.Context, in *scenarioRun) (outcome, error
 		fmt.Fprintf(in.env.Stderr, "%s: the dispatchers connect through pgbouncer (%s pooling)\n", in.env.Program, o.bouncer)
 	}
 	res, err := repro.OrganicRepro(ctx, in.db, in.provider, cfg, in.sides, in.progress)
-	if err != nil {
-		return outcome{}, err
-	}
-	return outcome{parts: []part{reproPart("organic", res, res.OK(), repro.PrintOrganic,
-		func(r *repro.Report, res repro.OrganicResult) { r.Organic = &res })}}, nil
+	return onePart(reproPart("organic", res, err, repro.PrintOrganic,
+		func(r *repro.Report, res repro.OrganicResult) { r.Organic = &res }))
 }

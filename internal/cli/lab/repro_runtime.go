@@ -57,19 +57,19 @@ func (r *runtimeRepro) run(ctx context.Context, in *scenarioRun) (outcome, error
 	var out outcome
 	if r.form == runtimeFormHeldKey || r.form == runtimeFormAll {
 		res, err := repro.RuntimeRepro(ctx, in.db, in.provider, r.held, in.sides, in.progress)
+		p, err := reproPart("runtime", res, err, repro.PrintRuntime, func(r *repro.Report, res repro.RuntimeResult) { r.Runtime = &res })
 		if err != nil {
 			return out, err
 		}
-		out.parts = append(out.parts, reproPart("runtime", res, res.OK(), repro.PrintRuntime,
-			func(r *repro.Report, res repro.RuntimeResult) { r.Runtime = &res }))
+		out.parts = append(out.parts, p)
 	}
 	if r.form == runtimeFormPool || r.form == runtimeFormAll {
 		res, err := repro.RuntimePoolRepro(ctx, in.db, in.provider, r.pool, in.sides, in.progress)
+		p, err := reproPart("runtime_pool", res, err, repro.PrintRuntimePool, func(r *repro.Report, res repro.RuntimePoolResult) { r.RuntimePool = &res })
 		if err != nil {
 			return out, err
 		}
-		out.parts = append(out.parts, reproPart("runtime_pool", res, res.OK(), repro.PrintRuntimePool,
-			func(r *repro.Report, res repro.RuntimePoolResult) { r.RuntimePool = &res }))
+		out.parts = append(out.parts, p)
 	}
 	return out, nil
 }

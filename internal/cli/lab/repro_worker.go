@@ -78,11 +78,8 @@ func (m *workerMinimalRepro) validate(chosen bool) error {
 
 func (m *workerMinimalRepro) run(ctx context.Context, in *scenarioRun) (outcome, error) {
 	res, err := repro.WorkerMinimalRepro(ctx, in.db, m.pair.versions)
-	if err != nil {
-		return outcome{}, err
-	}
-	return outcome{parts: []part{reproPart("worker_minimal", []repro.WorkerMinimalResult(res), res.OK(), repro.PrintWorkerMinimal,
-		func(r *repro.Report, res []repro.WorkerMinimalResult) { r.WorkerMinimal = res })}}, nil
+	return onePart(reproPart("worker_minimal", res, err, repro.PrintWorkerMinimal,
+		func(r *repro.Report, res repro.WorkerMinimalResults) { r.WorkerMinimal = res }))
 }
 
 // workerRepro is repro.WorkerRepro: simulated activity workers on the
@@ -123,9 +120,6 @@ func (w *workerRepro) validate(chosen bool) error {
 
 func (w *workerRepro) run(ctx context.Context, in *scenarioRun) (outcome, error) {
 	res, err := repro.WorkerRepro(ctx, in.db, w.cfg, in.progress)
-	if err != nil {
-		return outcome{}, err
-	}
-	return outcome{parts: []part{reproPart("worker", res, res.OK(), repro.PrintWorker,
-		func(r *repro.Report, res repro.WorkerResult) { r.Worker = &res })}}, nil
+	return onePart(reproPart("worker", res, err, repro.PrintWorker,
+		func(r *repro.Report, res repro.WorkerResult) { r.Worker = &res }))
 }

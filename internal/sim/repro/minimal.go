@@ -250,7 +250,7 @@ func minimalVerdictLine(results []MinimalResult) string {
 
 // PrintMinimal writes the minimal repro's results side by side, with its
 // settings, what made each side, and its verdict.
-func PrintMinimal(w io.Writer, results []MinimalResult) error {
+func PrintMinimal(w io.Writer, results MinimalResults) error {
 	if len(results) == 0 {
 		return nil
 	}

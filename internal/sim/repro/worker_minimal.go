@@ -306,7 +306,7 @@ func (results WorkerMinimalResults) OK() bool { return pairVerdict(results) }
 
 // PrintWorkerMinimal writes the worker minimal repro's results side by
 // side, with its settings and its verdict.
-func PrintWorkerMinimal(w io.Writer, results []WorkerMinimalResult) error {
+func PrintWorkerMinimal(w io.Writer, results WorkerMinimalResults) error {
 	if len(results) == 0 {
 		return nil
 	}
