@@ -26,7 +26,6 @@ func New(prefix string) *List { return &List{prefix: prefix} }
 
 // Item is one setting.
 type Item struct {
-	list     *List
 	name     string
 	fill     func()
 	check    func() error
@@ -92,7 +91,6 @@ func (l *List) Ints(p *[]int, name string, def []int, least int) *Item {
 func (l *List) After(f func()) { l.after = append(l.after, f) }
 
 func (l *List) add(it *Item) *Item {
-	it.list = l
 	l.items = append(l.items, it)
 	return it
 }
@@ -215,10 +213,10 @@ func (v *durationValue) Set(s string) error {
 
 type intsValue []int
 
-func (v *intsValue) String() string { return JoinInts(*v) }
+func (v *intsValue) String() string { return joinInts(*v) }
 func (v *intsValue) zero() string   { return "" }
 func (v *intsValue) Set(s string) error {
-	ns, err := ParseInts(s)
+	ns, err := parseInts(s)
 	if err != nil {
 		return err
 	}
@@ -226,8 +224,8 @@ func (v *intsValue) Set(s string) error {
 	return nil
 }
 
-// JoinInts writes ns comma-separated.
-func JoinInts(ns []int) string {
+// joinInts writes ns comma-separated.
+func joinInts(ns []int) string {
 	s := make([]string, len(ns))
 	for i, n := range ns {
 		s[i] = strconv.Itoa(n)
@@ -235,9 +233,9 @@ func JoinInts(ns []int) string {
 	return strings.Join(s, ",")
 }
 
-// ParseInts reads comma-separated counts: at least one, none negative,
+// parseInts reads comma-separated counts: at least one, none negative,
 // blanks between commas ignored.
-func ParseInts(v string) ([]int, error) {
+func parseInts(v string) ([]int, error) {
 	var out []int
 	for _, f := range strings.Split(v, ",") {
 		f = strings.TrimSpace(f)

@@ -103,10 +103,10 @@ func TestRegisteredFlagsPrintLikeTheFlagPackages(t *testing.T) {
 }
 
 func TestCountLists(t *testing.T) {
-	ns, err := ParseInts(" 1000, 10000 ,100000,")
+	ns, err := parseInts(" 1000, 10000 ,100000,")
 	require.NoError(t, err)
 	require.Equal(t, []int{1000, 10000, 100000}, ns)
-	require.Equal(t, "0,10000,100000", JoinInts([]int{0, 10000, 100000}))
-	_, err = ParseInts(",")
+	require.Equal(t, "0,10000,100000", joinInts([]int{0, 10000, 100000}))
+	_, err = parseInts(",")
 	require.Error(t, err)
 }
