@@ -80,7 +80,6 @@ func runBench(ctx context.Context, env *cli.Env, args []string) error {
 	// something (the library runs any number; its smoke tests run one).
 	run := settings.New("--")
 	run.Int(&cfg.Rounds, "rounds", def.Rounds, 3).Flag("rounds", "rounds per cell and version (at least 3)")
-	run.Duration(&cfg.Duration, "duration", def.Duration, 0).Flag("duration", "run time of one cell, per version and round")
 	run.Register(fs)
 	own := benchScenarios()
 	scenarios := fs.String("scenarios", strings.Join(def.Scenarios, ","), scenariosHelp())

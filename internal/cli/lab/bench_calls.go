@@ -6,6 +6,7 @@ import (
 
 	"github.com/duroxide-pg/migrations/internal/callcost"
 	"github.com/duroxide-pg/migrations/internal/sim/orch"
+	"github.com/duroxide-pg/migrations/internal/sim/settings"
 )
 
 // callsScenario is internal/callcost: where a call's server time goes,
@@ -24,16 +25,16 @@ func (*callsScenario) summary() string {
 
 func (*callsScenario) reportFiles() []string { return []string{callcost.ReportFile, callcost.JSONFile} }
 
-func (s *callsScenario) register(fs *flag.FlagSet) {
-	fs.IntVar(&s.count, "calls-count", 2000, "calls: measured calls per cell, side and round")
+// settings are the scenario's one setting, bound to s.
+func (s *callsScenario) settings() *settings.List {
+	l := settings.New("--")
+	l.Int(&s.count, "calls-count", 2000, 1).Flag("calls-count", "calls: measured calls per cell, side and round")
+	return l
 }
 
-func (s *callsScenario) validate(chosen bool) error {
-	if !chosen {
-		return nil
-	}
-	return atLeast("calls-count", s.count, 1)
-}
+func (s *callsScenario) register(fs *flag.FlagSet) { registerSettings(fs, s.settings()) }
+
+func (s *callsScenario) validate(chosen bool) error { return checkIfChosen(chosen, s.settings()) }
 
 func (s *callsScenario) run(ctx context.Context, in *scenarioRun) (outcome, error) {
 	latest, makeLatest := latestSide()

@@ -6,6 +6,7 @@ import (
 
 	"github.com/duroxide-pg/migrations/internal/planshape"
 	"github.com/duroxide-pg/migrations/internal/sim/orch"
+	"github.com/duroxide-pg/migrations/internal/sim/settings"
 )
 
 // plansScenario is internal/planshape: the rows a queue read reads, call
@@ -26,16 +27,16 @@ func (*plansScenario) reportFiles() []string {
 	return []string{planshape.ReportFile, planshape.JSONFile}
 }
 
-func (s *plansScenario) register(fs *flag.FlagSet) {
-	fs.IntVar(&s.rows, "plans-rows", planshape.DefaultRows, "plans: the rows a call does not need, in every cell")
+// settings are the scenario's one setting, bound to s.
+func (s *plansScenario) settings() *settings.List {
+	l := settings.New("--")
+	l.Int(&s.rows, "plans-rows", planshape.DefaultRows, 1).Flag("plans-rows", "plans: the rows a call does not need, in every cell")
+	return l
 }
 
-func (s *plansScenario) validate(chosen bool) error {
-	if !chosen {
-		return nil
-	}
-	return atLeast("plans-rows", s.rows, 1)
-}
+func (s *plansScenario) register(fs *flag.FlagSet) { registerSettings(fs, s.settings()) }
+
+func (s *plansScenario) validate(chosen bool) error { return checkIfChosen(chosen, s.settings()) }
 
 func (s *plansScenario) run(ctx context.Context, in *scenarioRun) (outcome, error) {
 	latest, makeLatest := latestSide()

@@ -9,6 +9,7 @@ import (
 	"github.com/duroxide-pg/migrations/internal/cli"
 	"github.com/duroxide-pg/migrations/internal/dbconn"
 	"github.com/duroxide-pg/migrations/internal/sim/repro"
+	"github.com/duroxide-pg/migrations/internal/sim/settings"
 	"github.com/duroxide-pg/migrations/internal/testenv/pgtest"
 	"github.com/duroxide-pg/migrations/internal/testenv/upstream"
 )
@@ -91,12 +92,20 @@ func table(text string) part {
 	}}
 }
 
-// atLeast refuses a count flag below min.
-func atLeast(flag string, v, min int) error {
-	if v < min {
-		return cli.Usagef("--%s %d: at least %d", flag, v, min)
+// registerSettings fills the zero settings of l with their defaults and
+// adds their flags to fs.
+func registerSettings(fs *flag.FlagSet, l *settings.List) {
+	l.Fill()
+	l.Register(fs)
+}
+
+// checkIfChosen holds the settings of l to their least values when the
+// scenario runs (chosen); its error is a usage error.
+func checkIfChosen(chosen bool, l *settings.List) error {
+	if !chosen {
+		return nil
 	}
-	return nil
+	return usageOf(l.Check())
 }
 
 // usageOf turns a settings error into a usage error.

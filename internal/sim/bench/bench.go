@@ -131,7 +131,7 @@ func (c *Config) Register(fs *flag.FlagSet) { c.settings().Register(fs) }
 func (c *Config) settings() *settings.List {
 	l := settings.New("bench: Config.")
 	l.Int(&c.Rounds, "Rounds", 3, 0)
-	l.Duration(&c.Duration, "Duration", 2500*time.Millisecond, 0)
+	l.Duration(&c.Duration, "Duration", 2500*time.Millisecond, 0).Flag("duration", "run time of one cell, per version and round")
 	l.Int(&c.EventBytes, "EventBytes", 250, 0)
 	l.Duration(&c.PollInterval, "PollInterval", dispatch.DefaultPollInterval, 0)
 	for _, s := range scenarios() {
