@@ -52,6 +52,7 @@ for i in $(seq 1 "$runs"); do
   rc=$?
   if [ "$rc" = 0 ]; then pass=$((pass + 1)); r=pass; else r=FAIL; fi
   echo "run $i: $r: $(grep -E '^verdict ' "$log" | tr -s ' ') (log: $log)"
+  grep -E '^verdict: ' "$log" | sed 's/^/  runtime /' 
   grep -E '^refused acks: ' "$log" | tr -s ' ' | sed 's/^/  /'
 done
 echo "passed $pass of $runs with $(nproc) $load loop(s)"

@@ -116,11 +116,13 @@ func TestSummarizeTellsDeadAtReturnFromExpiredInDelivery(t *testing.T) {
 	require.False(t, ev[4].LostInDelivery(), "no clock read: not known to be lost after the return")
 	// How much of its lease each fetch had used when the function
 	// returned: stale 110 ms (100 - (990 - 1000)), short 70, slow and fine
-	// 0, lost-in-delivery at least 40; the unread lost one is not known.
+	// 0; the lost ones have none of their own (lost-in-delivery is the
+	// delivery's doing, counted apart).
 	require.Equal(t, int64(timeout), s.LockTimeoutMs)
-	require.Equal(t, 5, s.ReturnAgeSamples)
+	require.Equal(t, 4, s.ReturnAgeSamples)
 	require.Equal(t, int64(110), s.ReturnAgeMaxMs)
-	require.Equal(t, int64(40), s.ReturnAgeP50Ms) // 0, 0, 40, 70, 110
+	require.Equal(t, int64(0), s.ReturnAgeP50Ms) // 0, 0, 70, 110
+	require.Equal(t, 1, s.LostInDelivery)
 	a, ok := ev[2].ReturnAgeMs()
 	require.True(t, ok)
 	require.Equal(t, int64(70), a)

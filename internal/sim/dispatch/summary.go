@@ -113,13 +113,15 @@ type Summary struct {
 	LeaseAgeMaxMs int64 `json:"lease_age_max_ms"`
 	// How much of its lease each fetch had used up when the function
 	// returned, by the database clock (Event.ReturnAgeMs), over the leases
-	// whose lease and return clock were read, and, for a lease
-	// LostInDelivery, the least it can have used (the lock timeout minus
-	// its delivery, at least 0): ReturnAgeSamples of them, in ms. What the
-	// function itself controls.
+	// whose lease and return clock were read: ReturnAgeSamples of them, in
+	// ms. What the function itself controls. A lease LostInDelivery
+	// (taken over before its row's reader could read it) has no age of its
+	// own: it is counted in LostInDelivery and ExpiredInDelivery, the
+	// delivery's doing (a starved dispatcher), not the function's.
 	// LockTimeoutMs is the lock timeout the fetches passed, read off their
 	// leases (0 when none was read).
 	LockTimeoutMs    int64 `json:"lock_timeout_ms"`
+	LostInDelivery   int   `json:"lost_in_delivery"`
 	ReturnAgeSamples int   `json:"lease_age_at_return_db_samples"`
 	ReturnAgeP50Ms   int64 `json:"lease_age_at_return_db_p50_ms"`
 	ReturnAgeP99Ms   int64 `json:"lease_age_at_return_db_p99_ms"`
@@ -139,7 +141,7 @@ func Summarize(events []Event, elapsed time.Duration, maxAttempts int) Summary {
 	s := Summary{ElapsedS: elapsed.Seconds(), MaxAttempts: maxAttempts}
 	var remaining, age, lat, leaseLat []int64
 	fetches := map[string]Event{} // lease token -> its fetch
-	var lateness, processing, returnAge, lostDeliveries []int64
+	var lateness, processing, returnAge []int64
 	noteErr := func(e Event) { s.Note(string(e.Kind), e.Outcome) }
 	for _, e := range events {
 		switch e.Kind {
@@ -169,7 +171,7 @@ func Summarize(events []Event, elapsed time.Duration, maxAttempts int) Summary {
 				if a, ok := e.ReturnAgeMs(); ok {
 					returnAge = append(returnAge, a)
 				} else if e.LostInDelivery() {
-					lostDeliveries = append(lostDeliveries, e.DeliveryMs)
+					s.LostInDelivery++
 				}
 				if e.LeaseLost {
 					s.LeasesLost++
@@ -242,9 +244,6 @@ func Summarize(events []Event, elapsed time.Duration, maxAttempts int) Summary {
 		}
 	}
 	s.ExceededMaxAttempts = s.MaxAttemptCount > maxAttempts
-	for _, d := range lostDeliveries {
-		returnAge = append(returnAge, max(0, s.LockTimeoutMs-d))
-	}
 	if s.Fetches > 0 {
 		s.DeadOnArrivalPct = 100 * float64(s.DeadOnArrival) / float64(s.Fetches)
 		s.InvalidLockAckPct = 100 * float64(s.InvalidLockAcks) / float64(s.Fetches)

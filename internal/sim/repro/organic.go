@@ -40,11 +40,14 @@ const (
 	// under fork loops: max 87-95 ms against a p50 of 3-5 ms). A busy
 	// machine's delivery of the row is the caller's, not judged.
 	FixReturnAgeP50Pct = 25
-	// A version below the fix runs for up to this many Durations, on the
-	// same queue, until it shows the bug (its checks all pass): the bug
-	// builds up (attempt_count climbs by one a lost lease), and how fast
-	// depends on the calibrated lock timeout. The fix runs once.
-	MaxBugSegments = 3
+	// A side runs for up to this many Durations, on the same queue, until
+	// its run can be judged: below the fix until it shows the bug (its
+	// checks all pass: the bug builds up, attempt_count climbing by one a
+	// lost lease, and how fast depends on the calibrated lock timeout);
+	// at the fix until it has returned minFixLeases leases (a starved
+	// machine returns fewer a second: the condition is made to happen,
+	// and counted, rather than judged on too few).
+	MaxSegments = 3
 )
 
 // OrganicDefaults is the full organic scenario (`make repro`): 32
@@ -243,12 +246,14 @@ func runOrganicSide(ctx context.Context, src *dbconn.Source, side Side, cfg disp
 		run.Summary = dispatch.Summarize(run.Events, elapsed, cfg.MaxAttempts)
 		// The bug is cumulative (attempt_count climbs by one a lost
 		// lease): the side that must show it and has not yet runs on, on
-		// the same queue, rather than fail for a short run.
-		if organicRole(side.Key) != bugRole || run.Segments >= MaxBugSegments || judge([]organicRun{run}).Reproduced {
+		// the same queue, rather than fail for a short run; the side that
+		// must be clean runs on until it has returned enough leases to be
+		// judged.
+		if run.Segments >= MaxSegments || !needsMore(side.Key, run) {
 			break
 		}
-		progress(fmt.Sprintf("%s: bug not shown yet after %v (max attempt_count %d, %.1f%% dead at return): running another %v on the same queue",
-			side.Key, elapsed.Round(100*time.Millisecond), run.Summary.MaxAttemptCount, run.Summary.DeadAtReturnPct, cfg.Duration))
+		progress(fmt.Sprintf("%s: not judged yet after %v (%d leases, max attempt_count %d, %.1f%% dead at return): running another %v on the same queue",
+			side.Key, elapsed.Round(100*time.Millisecond), run.Summary.Fetches, run.Summary.MaxAttemptCount, run.Summary.DeadAtReturnPct, cfg.Duration))
 	}
 	pending, err := dispatch.PendingMessages(ctx, src, side.Schema)
 	if err != nil {
@@ -263,16 +268,31 @@ func runOrganicSide(ctx context.Context, src *dbconn.Source, side Side, cfg disp
 	return run, nil
 }
 
+// needsMore reports whether a side's run so far cannot be judged yet: a
+// side that must show the bug has not shown it, a side that must be clean
+// has returned fewer than minFixLeases leases. A reported side runs once.
+func needsMore(side string, run organicRun) bool {
+	switch organicRole(side) {
+	case bugRole:
+		return !judge([]organicRun{run}).Reproduced
+	case fixRole:
+		return run.Summary.Fetches < minFixLeases
+	}
+	return false
+}
+
 // judge applies the verdict criteria. A version below the fix must
-// reproduce the bug (over up to MaxBugSegments runs of the configured
+// reproduce the bug (over up to MaxSegments runs of the configured
 // duration): at least minBugLeases leases, >= BugDeadPct% of them
 // dead at return (expired by the database clock when the function
 // returned), >= 1 refused ack, attempt_count > max_attempts. The fix and
 // above must be clean: at least minFixLeases leases, none dead at return,
 // the median lease with at most FixReturnAgeP50Pct% of it used up when the
-// function returned (database clock; a lease that the row's delivery
-// outlived afterwards is reported, not judged: the function cannot
-// shorten the delivery), no ack refused while its lease was still valid
+// function returned (database clock, over the leases read after their row
+// arrived; a lease that the row's delivery outlived afterwards, or that
+// was taken over before its reader could read it, is reported, not
+// judged: the function cannot shorten the delivery of a starved
+// dispatcher), no ack refused while its lease was still valid
 // when the ack ran (dispatch.Event.RefusedAck: locked_until after the
 // later of the ack's p_now_ms and the database clock read just before it,
 // a defect of the schema). Acks refused after their lease ran out (during
@@ -317,7 +337,8 @@ func judge(runs []organicRun) OrganicVerdict {
 				fmt.Sprintf("<= %d%% of the lock timeout (%d ms)", FixReturnAgeP50Pct, limit),
 				returnAge(s), s.ReturnAgeSamples > 0 && s.ReturnAgeP50Ms <= limit, false)
 			add("leases expired in delivery (reported, not judged)", "-",
-				fmt.Sprintf("%d (%d in a delivery shorter than the lock timeout; longest delivery %d ms)", s.ExpiredInDelivery, s.ExpiredInShortDelivery, s.DeliveryMaxMs),
+				fmt.Sprintf("%d (%d in a delivery shorter than the lock timeout, %d taken over before their row's reader read them; longest delivery %d ms)",
+					s.ExpiredInDelivery, s.ExpiredInShortDelivery, s.LostInDelivery, s.DeliveryMaxMs),
 				true, true)
 			add("refused acks of leases still valid when the ack ran", "0",
 				fmt.Sprintf("%d (of %d refused)", s.RefusedWhileValidAcks, s.InvalidLockAcks), s.RefusedWhileValidAcks == 0, false)

@@ -75,7 +75,7 @@ func TestOrganicScenarioReproducesAtUpstreamAndIsCleanAtThePack(t *testing.T) {
 		require.Less(t, used, e.LockTimeoutMs(), "v20: lease %s used up at return: %+v", e.Token, e)
 	}
 	require.LessOrEqual(t, v20.Summary.ReturnAgeP50Ms, v20.Summary.LockTimeoutMs*repro.FixReturnAgeP50Pct/100)
-	require.Equal(t, 1, v20.Segments, "the fix runs once")
+	require.True(t, v20.Segments >= 1 && v20.Segments <= repro.MaxSegments, "the fix runs until it has leases enough to be judged: %d segments", v20.Segments)
 	require.Equal(t, v20.Summary.Fetches, leases)
 	require.Greater(t, leases, 10)
 	// Every ack read the database clock and its lease in its round trip,
@@ -91,7 +91,7 @@ func TestOrganicScenarioReproducesAtUpstreamAndIsCleanAtThePack(t *testing.T) {
 	v19 := res.Side(repro.SideUpstream)
 	require.NotNil(t, v19)
 	require.GreaterOrEqual(t, v19.Summary.DeadOnArrivalPct, repro.BugDeadPct)
-	require.True(t, v19.Segments >= 1 && v19.Segments <= repro.MaxBugSegments, "v19 ran %d segments", v19.Segments)
+	require.True(t, v19.Segments >= 1 && v19.Segments <= repro.MaxSegments, "v19 ran %d segments", v19.Segments)
 	// Used up at return: at upstream the lease counts from p_now_ms, minted
 	// before the wait, so most leases are used up before the row leaves.
 	require.Greater(t, v19.Summary.ReturnAgeP50Ms, v19.Summary.LockTimeoutMs/2)

@@ -216,8 +216,9 @@ func organicMarkdown(res OrganicResult, histogramFile string) string {
 		"function returned (what the function controls, and what the fix removes), and \"expired in delivery\", " +
 		"alive at return but outlived by the row's delivery to the caller (a large history on a busy machine); " +
 		"the verdict judges the first and reports the second. \"Lease used at return\": how much of its lease the " +
-		"fetch had used up when the function returned, by the database clock (for a lease taken over in its " +
-		"delivery, the least it can have used: the lock timeout minus the delivery); at the fix its median must " +
+		"fetch had used up when the function returned, by the database clock, over the leases read after their " +
+		"row arrived (a lease taken over in its delivery has no age of its own: the delivery's doing, a starved " +
+		"dispatcher, counted with the leases expired in delivery); at the fix its median must " +
 		fmt.Sprintf("stay within %d%% of the lock timeout. attempt_count is judged below the fix only: ", FixReturnAgeP50Pct) +
 		"at the fix the function raises it only through a lease dead at return or an ack refused while valid.\n")
 	b.WriteString("\n\"Refused acks\": acks refused with 'Invalid lock token', judged at the ack's clock, the later of " +

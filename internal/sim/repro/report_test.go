@@ -149,6 +149,12 @@ func TestJudge(t *testing.T) {
 	v = judge(runs)
 	require.False(t, v.Reproduced)
 	require.False(t, v.Fixed)
+	// A side too short to be judged runs on (on the same queue), the fix
+	// side included: the condition is made to happen, not judged on few.
+	require.True(t, needsMore(SideUpstream, runs[0]))
+	require.True(t, needsMore(SidePack, runs[1]))
+	require.False(t, needsMore(SidePack, res.Runs[1]))
+	require.False(t, needsMore(SideCandidate, runs[1]), "a reported side runs once")
 	// A lost or doubled message is advisory: reported, not decisive.
 	runs = append([]organicRun(nil), res.Runs...)
 	runs[1].Conservation = "messages not conserved: m-1-1 consumed 2 times, pending 0 times"

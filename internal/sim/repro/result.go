@@ -47,8 +47,8 @@ type SchemaRun[S, E any] struct {
 	Schema  string `json:"schema"`
 	Summary S      `json:"summary"`
 	// Segments is how many runs of the configured duration the version
-	// took (the organic scenario runs a version below the fix again, up
-	// to MaxBugSegments, until it shows the bug); 0 when not counted.
+	// took (the organic scenario runs a side again on the same queue, up
+	// to MaxSegments, until it can be judged); 0 when not counted.
 	Segments int `json:"segments,omitempty"`
 	// Conservation is "ok" when every message (or item) was consumed
 	// exactly once or is still queued, else what went wrong.

@@ -76,6 +76,10 @@ type RuntimeHold struct {
 	HeldMs int64 `json:"held_ms"`
 	// FetchWaited: a session of the runtime queued on the key meanwhile.
 	FetchWaited bool `json:"fetch_waited"`
+	// FetchesSeen counts the runtime's fetch_orchestration_item calls seen
+	// starting while the key was held (pg_stat_activity, sampled): on a
+	// side whose fetch only tries the key, the calls that found it held.
+	FetchesSeen int `json:"fetches_seen"`
 	// AttemptCount is the instance's queued message's attempt_count as the
 	// hold ended (-1: no message queued).
 	AttemptCount int64 `json:"attempt_count"`
@@ -110,18 +114,59 @@ type RuntimeSide struct {
 	Tally             map[string]int `json:"warn_error_by_kind"`
 	// Sample is the first few lines of the lease kind.
 	Sample []string `json:"sample,omitempty"`
+	// Leases are the leases its fetches returned, as the server saw them
+	// (the lease probe).
+	Leases FetchLeases `json:"fetch_leases"`
+	// Tries is how many runs the side took: a run that did not meet the
+	// form's condition proves nothing and is run again, up to
+	// RuntimeTries (the figures are the last run's).
+	Tries int `json:"tries"`
+}
+
+// RuntimeTries bounds the runs of one side of the held-key form.
+const RuntimeTries = 3
+
+// exercised reports whether the side ran under the form's condition: on
+// upstream's side, a runtime fetch queued on the held key in every hold;
+// on a side whose fetch only tries the key, a runtime fetch found it held
+// during the first hold.
+func (s RuntimeSide) exercised(holds int) bool {
+	if s.Side == SideUpstream {
+		if len(s.Holds) != holds {
+			return false
+		}
+		for _, h := range s.Holds {
+			if !h.FetchWaited {
+				return false
+			}
+		}
+		return true
+	}
+	return len(s.Holds) > 0 && s.Holds[0].FetchesSeen > 0
 }
 
 // clean reports whether the side ran the orchestration as a fix should:
-// no line of the lease kind, completed once the first hold ended.
+// no line of the lease kind, no lease dead at return, completed once the
+// first hold ended.
 func (s RuntimeSide) clean() bool {
-	return s.LeaseLines == 0 && s.Status == "Completed" && s.CompletedAfterHold == 1
+	return s.LeaseLines == 0 && s.Leases.DeadAtReturn == 0 && s.Status == "Completed" && s.CompletedAfterHold == 1
+}
+
+// retry reports whether a run of the side proves nothing and is worth
+// another: it did not meet the condition, and (on a side that must be
+// fixed) nothing went wrong.
+func (s RuntimeSide) retry(holds int) bool {
+	if s.Side == SideUpstream {
+		return !s.exercised(holds)
+	}
+	return !s.exercised(holds) && s.clean()
 }
 
 // RuntimeResult is the runtime repro's outcome.
 type RuntimeResult struct {
 	Addon         string `json:"addon"`
 	HoldMs        int64  `json:"hold_ms"`
+	Holds         int    `json:"holds"`
 	LockTimeoutMs int64  `json:"lock_timeout_ms"`
 	// The sides and the verdict (OK: reproduced on upstream, fixed on the
 	// pack). Reproduced: upstream refused an ack after every hold,
@@ -140,11 +185,21 @@ func RuntimeRepro(ctx context.Context, src *dbconn.Source, p *upstream.Provider,
 	if err := cfg.Validate(); err != nil {
 		return RuntimeResult{}, err
 	}
-	res := RuntimeResult{Addon: upstream.AddonPackage, HoldMs: cfg.Hold.Milliseconds(), LockTimeoutMs: RuntimeLockTimeout.Milliseconds()}
+	res := RuntimeResult{Addon: upstream.AddonPackage, HoldMs: cfg.Hold.Milliseconds(), Holds: cfg.Holds, LockTimeoutMs: RuntimeLockTimeout.Milliseconds()}
 	var err error
 	res.Sides, err = onSides(ctx, src, p, "runtime repro", "runtime", sides, func(side Side) (RuntimeSide, error) {
-		progress(fmt.Sprintf("runtime repro: %s (%s: %s), %d holds of %v", side.Key, side.Schema, side.Made, cfg.Holds, cfg.Hold))
-		return runtimeSide(ctx, src, p, side, cfg)
+		var rs RuntimeSide
+		for try := 1; try <= RuntimeTries; try++ {
+			progress(fmt.Sprintf("runtime repro: %s (%s: %s), %d holds of %v, run %d", side.Key, side.Schema, side.Made, cfg.Holds, cfg.Hold, try))
+			var err error
+			rs, err = runtimeSide(ctx, src, p, side, cfg, try)
+			rs.Tries = try
+			if err != nil || !rs.retry(cfg.Holds) {
+				return rs, err
+			}
+			progress(fmt.Sprintf("runtime repro: %s: the run did not meet the form's condition (a fetch queued on, or finding, the held key)", side.Key))
+		}
+		return rs, nil
 	})
 	if err != nil {
 		return res, err
@@ -152,16 +207,24 @@ func RuntimeRepro(ctx context.Context, src *dbconn.Source, p *upstream.Provider,
 	up, _ := res.Side(SideUpstream)
 	pack, _ := res.Side(SidePack)
 	res.Reproduced = reproducedOnRuntime(up, cfg)
-	res.Fixed = pack.clean()
+	res.Fixed = pack.exercised(cfg.Holds) && pack.clean()
 	return res, nil
 }
 
+// reproducedOnRuntime reports whether upstream's side showed the bug under
+// the form's condition: a fetch queued on the key in every hold, each
+// hold's lease from a timestamp older than the lock timeout and dead at
+// return, an ack refused after every hold, attempt_count climbing by one a
+// hold, and the orchestration not completed while the key was held.
 func reproducedOnRuntime(s RuntimeSide, cfg RuntimeConfig) bool {
-	if len(s.Holds) != cfg.Holds || s.CompletedAfterHold != 0 || s.RefusedTurns < cfg.Holds {
+	if !s.exercised(cfg.Holds) || s.CompletedAfterHold != 0 || s.RefusedTurns < cfg.Holds {
+		return false
+	}
+	if s.Leases.Stale < cfg.Holds || s.Leases.StaleDead != s.Leases.Stale {
 		return false
 	}
 	for i, h := range s.Holds {
-		if !h.FetchWaited || h.AttemptCount != int64(i) {
+		if h.AttemptCount != int64(i) {
 			return false
 		}
 	}
@@ -203,10 +266,10 @@ func (h *holder) unlock(ctx context.Context) error {
 // dispatcher, one worker) while two holder sessions take the instance's
 // key in turn: each queues on it behind the runtime's waiting fetch, so the
 // fetch gets the key between two holds, as it would behind a convoy.
-func runtimeSide(ctx context.Context, src *dbconn.Source, p *upstream.Provider, s Side, cfg RuntimeConfig) (RuntimeSide, error) {
+func runtimeSide(ctx context.Context, src *dbconn.Source, p *upstream.Provider, s Side, cfg RuntimeConfig, try int) (RuntimeSide, error) {
 	side := RuntimeSide{Side: s.Key, Schema: s.Schema, Made: s.Made}
 	schema := s.Schema
-	instance := "repro-runtime-" + schema
+	instance := fmt.Sprintf("repro-runtime-%s-%d", schema, try)
 	var hs [2]*holder
 	for i := range hs {
 		conn, err := src.Connect(ctx)
@@ -222,6 +285,34 @@ func runtimeSide(ctx context.Context, src *dbconn.Source, p *upstream.Provider, 
 		hs[i] = &holder{conn: conn, pid: conn.PgConn().PID(), key: key}
 	}
 	qschema := pgx.Identifier{schema}.Sanitize()
+	probe, err := installLeaseProbe(ctx, hs[0].conn, schema)
+	if err != nil {
+		return side, err
+	}
+	since, err := probe.mark(ctx, hs[0].conn)
+	if err != nil {
+		return side, err
+	}
+	// fetchesSeen samples the runtime's fetch calls that started since
+	// start (database clock) into seen.
+	fetchesSeen := func(ctx context.Context, h *holder, start time.Time, seen map[string]bool) error {
+		rows, err := h.conn.Query(ctx, `SELECT pid::text || ' ' || query_start::text FROM pg_stat_activity
+			WHERE datname = current_database() AND pid <> ALL($1) AND query_start >= $2
+			  AND query LIKE '%fetch_orchestration_item%'`, []int64{int64(hs[0].pid), int64(hs[1].pid)}, start)
+		if err != nil {
+			return err
+		}
+		calls, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		for _, c := range calls {
+			seen[c] = true
+		}
+		return err
+	}
+	dbNow := func(ctx context.Context, h *holder) (time.Time, error) {
+		var t time.Time
+		err := h.conn.QueryRow(ctx, "SELECT clock_timestamp()").Scan(&t)
+		return t, err
+	}
 	waiting := func(ctx context.Context, h *holder) (bool, error) {
 		var n int
 		err := h.conn.QueryRow(ctx, `SELECT count(*) FROM pg_locks
@@ -268,7 +359,15 @@ func runtimeSide(ctx context.Context, src *dbconn.Source, p *upstream.Provider, 
 		h, next := hs[cur], hs[1-cur]
 		var queued chan error // next's lock, queued behind the runtime's waiting fetch
 		waited := false
+		heldSince, err := dbNow(ctx, h)
+		if err != nil {
+			return side, fmt.Errorf("runtime repro: the database clock: %w", err)
+		}
+		seen := map[string]bool{}
 		for time.Since(acquired) < cfg.Hold {
+			if err := fetchesSeen(ctx, h, heldSince, seen); err != nil {
+				return side, fmt.Errorf("runtime repro: pg_stat_activity: %w", err)
+			}
 			if !waited {
 				w, err := waiting(ctx, h)
 				if err != nil {
@@ -286,7 +385,7 @@ func runtimeSide(ctx context.Context, src *dbconn.Source, p *upstream.Provider, 
 		if err != nil {
 			return side, fmt.Errorf("runtime repro: attempt_count: %w", err)
 		}
-		side.Holds = append(side.Holds, RuntimeHold{HeldMs: time.Since(acquired).Milliseconds(), FetchWaited: waited, AttemptCount: n})
+		side.Holds = append(side.Holds, RuntimeHold{HeldMs: time.Since(acquired).Milliseconds(), FetchWaited: waited, FetchesSeen: len(seen), AttemptCount: n})
 		if err := h.unlock(ctx); err != nil {
 			return side, fmt.Errorf("runtime repro: let go of the key: %w", err)
 		}
@@ -323,6 +422,9 @@ func runtimeSide(ctx context.Context, src *dbconn.Source, p *upstream.Provider, 
 	if out.err != nil {
 		return side, out.err
 	}
+	if side.Leases, err = probe.read(ctx, hs[0].conn, since, RuntimeLockTimeout.Milliseconds()); err != nil {
+		return side, err
+	}
 	single := out.res.Results["single"]
 	side.Status, side.Error = single.Status(), single.Error()
 	if ms, ok := single["waitedMs"].(float64); ok {
@@ -354,10 +456,7 @@ func runtimeSide(ctx context.Context, src *dbconn.Source, p *upstream.Provider, 
 // PrintRuntime writes what the runtime repro is, then its table, one
 // column per side.
 func PrintRuntime(w io.Writer, r RuntimeResult) error {
-	holds := 0
-	if len(r.Sides) > 0 {
-		holds = len(r.Sides[0].Holds)
-	}
+	holds := r.Holds
 	fmt.Fprintf(w, "runtime repro, held-key form: the real duroxide runtime (%s), one orchestration of one turn; another session holds the advisory key the side's fetch takes on its instance, %v at a time, up to %d times: the deterministic form (a held key standing in for the convoy ahead of it); the runtime's orchestration lock timeout is its default, %v\n\n",
 		r.Addon, time.Duration(r.HoldMs)*time.Millisecond, holds, time.Duration(r.LockTimeoutMs)*time.Millisecond)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
@@ -378,6 +477,17 @@ func PrintRuntime(w io.Writer, r RuntimeResult) error {
 		}
 		return strings.Join(parts, " ")
 	})
+	row("runtime fetches seen starting while the key was held, per hold", func(s RuntimeSide) string {
+		var parts []string
+		for _, h := range s.Holds {
+			parts = append(parts, fmt.Sprint(h.FetchesSeen))
+		}
+		return strings.Join(parts, " ")
+	})
+	row("leases from a timestamp older than the lock timeout (dead at return)", func(s RuntimeSide) string {
+		return fmt.Sprintf("%d (%d)", s.Leases.Stale, s.Leases.StaleDead)
+	})
+	row("leases dead at return, in all", func(s RuntimeSide) string { return fmt.Sprint(s.Leases.DeadAtReturn) })
 	row("attempt_count at the end of each hold", func(s RuntimeSide) string {
 		var parts []string
 		for _, h := range s.Holds {
@@ -397,7 +507,7 @@ func PrintRuntime(w io.Writer, r RuntimeResult) error {
 		if s.CompletedAfterHold > 0 {
 			when = fmt.Sprintf("after hold %d", s.CompletedAfterHold)
 		}
-		text := fmt.Sprintf("%s %s, %.1f s after its start", s.Status, when, float64(s.WaitedMs)/1000)
+		text := fmt.Sprintf("%s %s, %.1f s after its start (runs it took: %d)", s.Status, when, float64(s.WaitedMs)/1000, s.Tries)
 		if s.Error != "" {
 			text += ": " + s.Error
 		}
@@ -415,13 +525,25 @@ func PrintRuntime(w io.Writer, r RuntimeResult) error {
 			fmt.Fprintf(w, "  %s: %s\n", s.Side, l)
 		}
 	}
-	verdict := "NOT REPRODUCED on upstream"
-	if r.Reproduced {
-		verdict = "reproduced on upstream"
+	notExercised := func(s RuntimeSide) string {
+		return fmt.Sprintf("NOT EXERCISED on %s (%d runs: %s)", sideName(s.Side), s.Tries,
+			choose(s.Side == SideUpstream, "no fetch queued on the held key in every hold", "no fetch found the key held"))
 	}
-	if r.Fixed {
+	up, _ := r.Side(SideUpstream)
+	pack, _ := r.Side(SidePack)
+	verdict := "NOT REPRODUCED on upstream"
+	switch {
+	case r.Reproduced:
+		verdict = "reproduced on upstream"
+	case !up.exercised(r.Holds):
+		verdict = notExercised(up)
+	}
+	switch {
+	case r.Fixed:
 		verdict += ", fixed on the pack"
-	} else {
+	case pack.clean() && !pack.exercised(r.Holds):
+		verdict += ", " + notExercised(pack)
+	default:
 		verdict += ", NOT FIXED on the pack"
 	}
 	if c, ok := r.Side(SideCandidate); ok {

@@ -195,9 +195,9 @@ type RuntimePoolSide struct {
 	// Made says what built the schema.
 	Made  string            `json:"made"`
 	Holds []RuntimePoolHold `json:"holds"`
-	// HoldsDone counts the holds that exercised the form: the runtime's
-	// sessions blocked on the lock (the pool exhausted) with a backlog
-	// ready when it began.
+	// HoldsDone counts the holds that exhausted the pool: the runtime's
+	// sessions blocked on the lock with a backlog ready when it began
+	// (reported; whether a fetch met the bug's condition is Leases.Stale).
 	HoldsDone int `json:"holds_done"`
 	// Expected is the backlog's size; Completed the instances that
 	// completed, Wrong those that completed with another output than
@@ -234,27 +234,39 @@ type RuntimePoolSide struct {
 	Sample []string `json:"sample,omitempty"`
 	// RunMs is the side's time, from the runtime's start to its report.
 	RunMs int64 `json:"run_ms"`
+	// Leases are the leases its orchestration fetches returned, as the
+	// server saw them (the lease probe): how many met the bug's condition
+	// (a timestamp behind the database clock by more than the lock
+	// timeout), how many were dead at return.
+	Leases FetchLeases `json:"fetch_leases"`
+	// Tries is how many runs the side took: a run in which no fetch met
+	// the condition proves nothing and is run again, up to
+	// RuntimePoolTries (the figures are the last run's).
+	Tries int `json:"tries"`
 }
 
-// done reports whether the hold exercised the form: the runtime's
+// RuntimePoolTries bounds the runs of one side of the pool-wait form.
+const RuntimePoolTries = 4
+
+// done reports whether the hold exhausted the pool: the runtime's
 // sessions blocked on the lock, a backlog ready when it began.
 func (h RuntimePoolHold) done() bool { return h.BlockedOnLock > 0 && h.ReadyAtTake > 0 }
 
-// showsBug reports whether the side's runtime had an ack refused.
-func (s RuntimePoolSide) showsBug() bool { return s.InvalidLockTokens > 0 }
+// exercised reports whether the side ran under the bug's condition: at
+// least one orchestration fetch returned a lease from a timestamp behind
+// the database clock by more than the lock timeout (the lease probe).
+func (s RuntimePoolSide) exercised() bool { return s.Leases.Stale > 0 }
 
-// clean reports whether the side ran as a fix should under the form's
-// conditions: every hold exhausted the pool, a statement waited for a
-// connection, no line of the lease kind, every orchestration completed with
-// its own output.
-func (s RuntimePoolSide) clean(holds int) bool {
-	return s.exercised(holds) && s.ranWell()
+// showsBug reports whether the side's fetches that met the condition
+// returned leases already dead, and the runtime had acks refused.
+func (s RuntimePoolSide) showsBug() bool {
+	return s.exercised() && s.Leases.StaleDead == s.Leases.Stale && s.InvalidLockTokens > 0
 }
 
-// exercised reports whether the side ran under the form's conditions:
-// every hold exhausted the pool and a statement waited for a connection.
-func (s RuntimePoolSide) exercised(holds int) bool {
-	return len(s.Holds) == holds && s.HoldsDone == holds && s.SlowAcquires > 0
+// clean reports whether the side ran as a fix should under the condition:
+// fetches that met it, no lease dead at return, and a clean run.
+func (s RuntimePoolSide) clean() bool {
+	return s.exercised() && s.Leases.DeadAtReturn == 0 && s.ranWell()
 }
 
 // ranWell reports whether the side's runtime logged no line of the lease
@@ -263,19 +275,54 @@ func (s RuntimePoolSide) ranWell() bool {
 	return s.LeaseLines == 0 && s.Expected > 0 && s.Completed == s.Expected && s.Wrong == 0
 }
 
-// fixVerdict says how a side that should be fixed ran: fixed, NOT FIXED
-// (it ran badly), or NOT SHOWN (it ran well, but not under the form's
-// conditions, so the run proves nothing either way).
-func (s RuntimePoolSide) fixVerdict(holds int) string {
-	name := map[string]string{SidePack: "the pack", SideAmended: "the amended candidate"}[s.Side]
+// isFixSide reports whether the side is one that must not show the bug.
+func isFixSide(key string) bool { return key == SidePack || key == SideAmended }
+
+// retry reports whether a try of the side proves nothing either way and
+// is worth another: no fetch met the condition, and (on a side that must
+// be fixed) nothing went wrong. A fix side that ran badly is never tried
+// again: its failure is the result.
+func (s RuntimePoolSide) retry() bool {
+	if isFixSide(s.Side) {
+		return !s.exercised() && s.ranWell()
+	}
+	return !s.exercised()
+}
+
+// sideName names a side in verdicts.
+func sideName(key string) string {
+	return map[string]string{SideUpstream: "upstream", SideCandidate: "upstream's candidate", SidePack: "the pack", SideAmended: "the amended candidate"}[key]
+}
+
+// notExercised says that a side ran, tries times, without a fetch that met
+// the condition.
+func (s RuntimePoolSide) notExercised() string {
+	return fmt.Sprintf("NOT EXERCISED on %s (%d tries: no fetch returned a lease from a timestamp older than the lock timeout)", sideName(s.Side), s.Tries)
+}
+
+// fixVerdict says how a side that should be fixed ran: fixed, NOT FIXED,
+// or NOT EXERCISED (it ran well, but no fetch met the condition, so the
+// run proves nothing either way).
+func (s RuntimePoolSide) fixVerdict() string {
 	switch {
-	case !s.ranWell():
-		return "NOT FIXED on " + name
-	case !s.exercised(holds):
-		return fmt.Sprintf("NOT SHOWN on %s (not run under the form's conditions: %d of %d holds exhausted the pool, %d statements waited for a connection)",
-			name, s.HoldsDone, holds, s.SlowAcquires)
+	case !s.ranWell() || s.Leases.DeadAtReturn > 0:
+		return "NOT FIXED on " + sideName(s.Side)
+	case !s.exercised():
+		return s.notExercised()
 	default:
-		return "fixed on " + name
+		return "fixed on " + sideName(s.Side)
+	}
+}
+
+// bugVerdict says how a side that should show the bug ran.
+func (s RuntimePoolSide) bugVerdict() string {
+	switch {
+	case !s.exercised():
+		return s.notExercised()
+	case s.showsBug():
+		return "reproduced on " + sideName(s.Side)
+	default:
+		return "NOT REPRODUCED on " + sideName(s.Side)
 	}
 }
 
@@ -284,13 +331,17 @@ type RuntimePoolResult struct {
 	Addon    string              `json:"addon"`
 	Settings RuntimePoolSettings `json:"settings"`
 	// The sides and the verdict (OK: reproduced on upstream and its
-	// candidate, fixed on the pack and on the amended candidate).
-	// Reproduced: upstream's latest logged at least one "Invalid lock
-	// token" line, and so did upstream's candidate when it ran. Fixed: the
-	// pack's latest, under the same holds (each exhausted the pool,
-	// statements waited for a connection), logged no line of the lease
-	// kind and completed every orchestration with its own output; and so
-	// did the amended candidate when it ran.
+	// candidate, fixed on the pack and on the amended candidate), judged
+	// on the fetches that met the bug's condition (a lease from a
+	// timestamp older than the lock timeout). Reproduced: on upstream's
+	// latest (and its candidate, when it ran) such fetches happened, every
+	// one returned a lease already dead, and the runtime's acks were
+	// refused ("Invalid lock token"). Fixed: on the pack's latest (and the
+	// amended candidate, when it ran) such fetches happened, no lease was
+	// dead at return, no line of the lease kind was logged and every
+	// orchestration completed with its own output. A side where no fetch
+	// met the condition is run again (RuntimePoolTries), then reported
+	// NOT EXERCISED, which fails the verdict.
 	sidesVerdict[RuntimePoolSide]
 }
 
@@ -303,18 +354,19 @@ func (r *RuntimePoolResult) judge() {
 	up, okUp := r.Side(SideUpstream)
 	pack, okPack := r.Side(SidePack)
 	r.Reproduced = okUp && up.showsBug()
-	r.Fixed = okPack && pack.clean(r.Settings.Holds)
+	r.Fixed = okPack && pack.clean()
 	if cand, ok := r.Side(SideCandidate); ok {
 		r.Reproduced = r.Reproduced && cand.showsBug()
 	}
 	if am, ok := r.Side(SideAmended); ok {
-		r.Fixed = r.Fixed && am.clean(r.Settings.Holds)
+		r.Fixed = r.Fixed && am.clean()
 	}
 }
 
 // RuntimePoolRepro makes the sides' schemas in src's database (MakeSides,
-// prefix runtime_pool) and runs the form on each in turn. Upstream's side
-// and the pack's are required.
+// prefix runtime_pool) and runs the form on each in turn, again (up to
+// RuntimePoolTries runs) while a run proves nothing either way.
+// Upstream's side and the pack's are required.
 func RuntimePoolRepro(ctx context.Context, src *dbconn.Source, p *upstream.Provider, cfg RuntimePoolConfig, sides []string, progress func(string)) (RuntimePoolResult, error) {
 	res := RuntimePoolResult{Addon: upstream.AddonPackage, Settings: cfg.echo()}
 	if err := cfg.Validate(); err != nil {
@@ -328,14 +380,25 @@ func RuntimePoolRepro(ctx context.Context, src *dbconn.Source, p *upstream.Provi
 	}
 	var err error
 	res.Sides, err = onSides(ctx, src, p, "runtime pool repro", "runtime_pool", sides, func(side Side) (RuntimePoolSide, error) {
-		progress(fmt.Sprintf("runtime pool repro: %s (%s: %s), pool of %d, %d orchestrations, %d holds of %v",
-			side.Key, side.Schema, side.Made, cfg.PoolMax, cfg.Orchestrations, cfg.Holds, cfg.Hold))
-		rs, err := runtimePoolSide(ctx, src, p, side, cfg)
-		if err != nil {
-			return rs, fmt.Errorf("runtime pool repro, side %s: %w", side.Key, err)
+		var rs RuntimePoolSide
+		for try := 1; try <= RuntimePoolTries; try++ {
+			progress(fmt.Sprintf("runtime pool repro: %s (%s: %s), pool of %d, %d orchestrations, %d holds of %v, run %d",
+				side.Key, side.Schema, side.Made, cfg.PoolMax, cfg.Orchestrations, cfg.Holds, cfg.Hold, try))
+			var err error
+			rs, err = runtimePoolSide(ctx, src, p, side, cfg)
+			rs.Tries = try
+			if err != nil {
+				return rs, fmt.Errorf("runtime pool repro, side %s: %w", side.Key, err)
+			}
+			progress(fmt.Sprintf("runtime pool repro: %s: %d of %d leases from a timestamp older than the lock timeout (%d of them dead at return), %d dead at return in all; %d \"Invalid lock token\" lines, %d/%d completed, %d slow acquires (max %d ms)",
+				side.Key, rs.Leases.Stale, rs.Leases.Leases, rs.Leases.StaleDead, rs.Leases.DeadAtReturn, rs.InvalidLockTokens, rs.Completed, rs.Expected, rs.SlowAcquires, rs.SlowAcquireMaxMs))
+			if !rs.retry() {
+				break
+			}
+			if try < RuntimePoolTries {
+				progress(fmt.Sprintf("runtime pool repro: %s: no fetch met the condition; running the side again", side.Key))
+			}
 		}
-		progress(fmt.Sprintf("runtime pool repro: %s: %d \"Invalid lock token\" lines, %d/%d completed, %d slow acquires (max %d ms)",
-			side.Key, rs.InvalidLockTokens, rs.Completed, rs.Expected, rs.SlowAcquires, rs.SlowAcquireMaxMs))
 		return rs, nil
 	})
 	if err != nil {
@@ -388,6 +451,14 @@ func runtimePoolSide(ctx context.Context, src *dbconn.Source, p *upstream.Provid
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	qschema := pgx.Identifier{s.Schema}.Sanitize()
+	probe, err := installLeaseProbe(ctx, conn, s.Schema)
+	if err != nil {
+		return side, err
+	}
+	since, err := probe.mark(ctx, conn)
+	if err != nil {
+		return side, err
+	}
 
 	type outcome struct {
 		res *upstream.RuntimeResult
@@ -477,6 +548,9 @@ func runtimePoolSide(ctx context.Context, src *dbconn.Source, p *upstream.Provid
 	}
 	side.RunMs = time.Since(started).Milliseconds()
 	side.read(res)
+	if side.Leases, err = probe.read(ctx, conn, since, RuntimeLockTimeout.Milliseconds()); err != nil {
+		return side, err
+	}
 	return side, nil
 }
 
@@ -669,13 +743,21 @@ func PrintRuntimePool(w io.Writer, r RuntimePoolResult) error {
 	row("slow pool acquires: count, wait p50 / max", func(s RuntimePoolSide) string {
 		return fmt.Sprintf("%d, %d / %d ms", s.SlowAcquires, s.SlowAcquireP50Ms, s.SlowAcquireMaxMs)
 	})
+	row("leases returned (server's view)", func(s RuntimePoolSide) string { return fmt.Sprint(s.Leases.Leases) })
+	row(fmt.Sprintf("from a timestamp older than the lock timeout (%v)", ms(st.LockTimeoutMs)), func(s RuntimePoolSide) string {
+		return fmt.Sprintf("%d (lag max %d ms)", s.Leases.Stale, s.Leases.MaxStaleMs)
+	})
+	row("of those, dead at return", func(s RuntimePoolSide) string { return fmt.Sprint(s.Leases.StaleDead) })
+	row("leases dead at return, in all", func(s RuntimePoolSide) string { return fmt.Sprint(s.Leases.DeadAtReturn) })
 	row(`"Invalid lock token" lines`, func(s RuntimePoolSide) string { return fmt.Sprint(s.InvalidLockTokens) })
 	row("turns whose ack was refused", func(s RuntimePoolSide) string { return fmt.Sprint(s.RefusedTurns) })
 	row("WARN/ERROR lines of the lease kind", func(s RuntimePoolSide) string { return fmt.Sprint(s.LeaseLines) })
 	row("orchestrations completed (wrong output)", func(s RuntimePoolSide) string {
 		return fmt.Sprintf("%d of %d (%d)", s.Completed, s.Expected, s.Wrong)
 	})
-	row("side's run", func(s RuntimePoolSide) string { return fmt.Sprintf("%.1f s", float64(s.RunMs)/1000) })
+	row("side's run (runs it took)", func(s RuntimePoolSide) string {
+		return fmt.Sprintf("%.1f s (%d)", float64(s.RunMs)/1000, s.Tries)
+	})
 	if err := tw.Flush(); err != nil {
 		return err
 	}
@@ -694,6 +776,13 @@ func PrintRuntimePool(w io.Writer, r RuntimePoolResult) error {
 			fmt.Fprintf(w, "  %s: %s\n", s.Side, o)
 		}
 	}
+	_, err := fmt.Fprintf(w, "\nverdict: %s\n", r.verdict())
+	return err
+}
+
+// verdict is the verdict line: on the sides that show the bug, then on
+// those that must not, one phrase each group when all agree.
+func (r RuntimePoolResult) verdict() string {
 	_, withCandidate := r.Side(SideCandidate)
 	_, withAmended := r.Side(SideAmended)
 	bug, fix := "upstream", "the pack"
@@ -703,18 +792,26 @@ func PrintRuntimePool(w io.Writer, r RuntimePoolResult) error {
 	if withAmended {
 		fix = "the pack and the amended candidate"
 	}
-	verdict := choose(r.Reproduced, "reproduced on "+bug, "NOT REPRODUCED on "+bug)
-	if r.Fixed {
-		verdict += ", fixed on " + fix
+	var parts []string
+	if r.Reproduced {
+		parts = append(parts, "reproduced on "+bug)
 	} else {
-		for _, key := range []string{SidePack, SideAmended} {
-			if s, ok := r.Side(key); ok && !s.clean(r.Settings.Holds) {
-				verdict += ", " + s.fixVerdict(r.Settings.Holds)
+		for _, key := range []string{SideUpstream, SideCandidate} {
+			if s, ok := r.Side(key); ok {
+				parts = append(parts, s.bugVerdict())
 			}
 		}
 	}
-	_, err := fmt.Fprintf(w, "\nverdict: %s\n", verdict)
-	return err
+	if r.Fixed {
+		parts = append(parts, "fixed on "+fix)
+	} else {
+		for _, key := range []string{SidePack, SideAmended} {
+			if s, ok := r.Side(key); ok {
+				parts = append(parts, s.fixVerdict())
+			}
+		}
+	}
+	return strings.Join(parts, ", ")
 }
 
 // runtimePoolMarkdown renders r as a Markdown section: the table in a code

@@ -24,7 +24,9 @@ func poolResult() RuntimePoolResult {
 			Holds: holds, HoldsDone: 3, Expected: 600, Completed: 600, Status: "Completed",
 			InvalidLockTokens: invalid, RefusedTurns: invalid / 4, LeaseLines: invalid,
 			SlowAcquires: 15, SlowAcquireMaxMs: 6529, SlowAcquireP50Ms: 6506}
+		s.Leases = FetchLeases{Leases: 600, Stale: 12, MaxStaleMs: 6490}
 		if invalid > 0 {
+			s.Leases.StaleDead, s.Leases.DeadAtReturn = 12, 12
 			s.Sample = []string{"WARN duroxide::runtime::dispatchers::orchestration: ack_orchestration_item failed with non-retryable error error=ack_orchestration_item: Invalid lock token"}
 		}
 		return s
@@ -38,9 +40,12 @@ func poolResult() RuntimePoolResult {
 func TestRuntimePoolVerdictNeedsBothUpstreamSidesRefusedAndTheStressedPackClean(t *testing.T) {
 	require.True(t, poolResult().OK())
 	for name, spoil := range map[string]func(*RuntimePoolResult){
-		"upstream logged no Invalid lock token": func(r *RuntimePoolResult) { r.Sides[0].InvalidLockTokens = 0 },
-		"the candidate logged none":             func(r *RuntimePoolResult) { r.Sides[1].InvalidLockTokens = 0 },
-		"upstream did not run":                  func(r *RuntimePoolResult) { r.Sides = r.Sides[1:] },
+		"upstream logged no Invalid lock token":  func(r *RuntimePoolResult) { r.Sides[0].InvalidLockTokens = 0 },
+		"the candidate logged none":              func(r *RuntimePoolResult) { r.Sides[1].InvalidLockTokens = 0 },
+		"upstream did not run":                   func(r *RuntimePoolResult) { r.Sides = r.Sides[1:] },
+		"no upstream fetch met the condition":    func(r *RuntimePoolResult) { r.Sides[0].Leases.Stale, r.Sides[0].Leases.StaleDead = 0, 0 },
+		"a stale upstream lease alive at return": func(r *RuntimePoolResult) { r.Sides[0].Leases.StaleDead = 11 },
+		"no candidate fetch met the condition":   func(r *RuntimePoolResult) { r.Sides[1].Leases.Stale, r.Sides[1].Leases.StaleDead = 0, 0 },
 	} {
 		r := poolResult()
 		spoil(&r)
@@ -50,13 +55,12 @@ func TestRuntimePoolVerdictNeedsBothUpstreamSidesRefusedAndTheStressedPackClean(
 		require.False(t, r.OK(), name)
 	}
 	for name, spoil := range map[string]func(*RuntimePoolSide){
-		"a line of the lease kind":         func(s *RuntimePoolSide) { s.LeaseLines = 1 },
-		"an orchestration not completed":   func(s *RuntimePoolSide) { s.Completed = 599 },
-		"a wrong output":                   func(s *RuntimePoolSide) { s.Wrong = 1 },
-		"no orchestration at all":          func(s *RuntimePoolSide) { s.Expected, s.Completed = 0, 0 },
-		"a hold that did not exhaust":      func(s *RuntimePoolSide) { s.HoldsDone = 2 },
-		"fewer holds than asked":           func(s *RuntimePoolSide) { s.Holds = s.Holds[:2] },
-		"no statement waited for the pool": func(s *RuntimePoolSide) { s.SlowAcquires = 0 },
+		"a line of the lease kind":       func(s *RuntimePoolSide) { s.LeaseLines = 1 },
+		"an orchestration not completed": func(s *RuntimePoolSide) { s.Completed = 599 },
+		"a wrong output":                 func(s *RuntimePoolSide) { s.Wrong = 1 },
+		"no orchestration at all":        func(s *RuntimePoolSide) { s.Expected, s.Completed = 0, 0 },
+		"no fetch met the condition":     func(s *RuntimePoolSide) { s.Leases.Stale = 0 },
+		"a lease dead at return":         func(s *RuntimePoolSide) { s.Leases.DeadAtReturn = 1 },
 	} {
 		r := poolResult()
 		spoil(&r.Sides[2])
@@ -161,6 +165,7 @@ func TestRuntimePoolPrintSaysTheFormEachSideAndTheVerdict(t *testing.T) {
 		"pool-wait form", "no advisory lock", "a pool of 1 connection(s)", "worker_queue's table lock 6.5s at a time, 3 times",
 		"upstream", "candidate", "pack", "runtime_pool_candidate",
 		"3 of 3", "520 390 260", "15, 6506 / 6529 ms", "600 of 600 (0)",
+		"from a timestamp older than the lock timeout (5s)  12 (lag max 6490 ms)",
 		"candidate: WARN duroxide::runtime::dispatchers::orchestration: ack_orchestration_item failed",
 		"verdict: reproduced on upstream and its candidate, fixed on the pack\n",
 	} {
@@ -180,17 +185,31 @@ func TestRuntimePoolPrintSaysTheFormEachSideAndTheVerdict(t *testing.T) {
 	r.judge()
 	b.Reset()
 	require.NoError(t, PrintRuntimePool(&b, r))
-	require.Contains(t, b.String(), "verdict: NOT REPRODUCED on upstream and its candidate, NOT FIXED on the pack\n")
+	require.Contains(t, b.String(), "verdict: reproduced on upstream, NOT REPRODUCED on upstream's candidate, NOT FIXED on the pack\n")
 
-	// The pack ran well, but no statement waited for a connection: the run
-	// shows nothing about the fix, and says so rather than NOT FIXED.
+	// The pack ran well, but no fetch met the condition in its runs: they
+	// show nothing about the fix, and say so rather than NOT FIXED; so does
+	// a side that must show the bug.
 	r = poolResult()
-	r.Sides[2].SlowAcquires = 0
+	r.Sides[2].Leases.Stale, r.Sides[2].Tries = 0, 3
 	r.judge()
 	require.False(t, r.OK())
+	require.True(t, r.Sides[2].retry(), "a clean run that proves nothing is run again")
 	b.Reset()
 	require.NoError(t, PrintRuntimePool(&b, r))
-	require.Contains(t, b.String(), "verdict: reproduced on upstream and its candidate, NOT SHOWN on the pack (not run under the form's conditions: 3 of 3 holds exhausted the pool, 0 statements waited for a connection)\n")
+	require.Contains(t, b.String(), "verdict: reproduced on upstream and its candidate, NOT EXERCISED on the pack (3 tries: no fetch returned a lease from a timestamp older than the lock timeout)\n")
+	r = poolResult()
+	r.Sides[0].Leases = FetchLeases{Leases: 600}
+	r.Sides[0].Tries = 3
+	r.judge()
+	require.True(t, r.Sides[0].retry())
+	b.Reset()
+	require.NoError(t, PrintRuntimePool(&b, r))
+	require.Contains(t, b.String(), "verdict: NOT EXERCISED on upstream (3 tries: no fetch returned a lease from a timestamp older than the lock timeout), reproduced on upstream's candidate, fixed on the pack\n")
+	// A side that must be fixed and ran badly is not run again.
+	r = poolResult()
+	r.Sides[2].Leases.Stale, r.Sides[2].LeaseLines = 0, 1
+	require.False(t, r.Sides[2].retry())
 
 	md := runtimePoolMarkdown(poolResult())
 	require.True(t, strings.HasPrefix(md, "## The real runtime, pool-wait form"), md)

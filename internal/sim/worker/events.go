@@ -53,6 +53,17 @@ type Event struct {
 	LockedUntilMs int64 `json:"locked_until_ms,omitempty"`
 	RemainingMs   int64 `json:"remaining_ms"`
 	LeaseLost     bool  `json:"lease_lost,omitempty"`
+	// DBAtReadMs is the database clock when the lease was read after the
+	// row arrived (0: the read failed). For a lease lost by then, it was
+	// taken over between the function's return and that read: it had at
+	// most that delivery left at return (LostInDelivery).
+	DBAtReadMs int64 `json:"db_at_read_ms,omitempty"`
+	// RefusedWhileValid marks a refused ack whose token still carried a
+	// lease after the later of the ack's p_now_ms and the database clock,
+	// read right after the refusal: refused before its lease ran out, a
+	// defect of the schema. A refused ack without it had lost its lease
+	// (ran out, taken over): the worker's lateness, a starved one's.
+	RefusedWhileValid bool `json:"refused_while_valid,omitempty"`
 	// Blocked: the fetch was seen waiting on a lock (wait_event_type Lock
 	// in pg_stat_activity); BlockedMs from the wait's start (pg_locks
 	// waitstart) to the function's return.
@@ -75,9 +86,23 @@ func (e Event) HasRow() bool { return e.Kind == kindFetch && e.Token != "" }
 func (e Event) Lease() (remainingMs int64, lost bool) { return e.RemainingMs, e.LeaseLost }
 
 // DeadAtReturn reports a fetch whose lease had already expired, by the
-// database clock, when the function returned.
+// database clock, when the function returned: its lease read at or before
+// the return clock, or lost with no clock read to say when.
 func (e Event) DeadAtReturn() bool {
-	return e.HasRow() && (e.LeaseLost || e.LockedUntilMs <= e.DBReturnMs)
+	if !e.HasRow() {
+		return false
+	}
+	if e.LeaseLost {
+		return !e.LostInDelivery()
+	}
+	return e.LockedUntilMs <= e.DBReturnMs
+}
+
+// LostInDelivery reports a lease taken over between the function's return
+// and its read after the row arrived, both clocks read: the delivery's
+// doing (a starved worker), reported apart from the leases dead at return.
+func (e Event) LostInDelivery() bool {
+	return e.HasRow() && e.LeaseLost && e.DBReturnMs > 0 && e.DBAtReadMs > 0
 }
 
 // Log collects the events of a run; it is safe for concurrent use.
@@ -105,11 +130,17 @@ type Summary struct {
 	// fetch_work_item returned (or taken over before they could be read).
 	DeadAtReturn    int     `json:"dead_at_return"`
 	DeadAtReturnPct float64 `json:"dead_at_return_pct"`
+	// LostInDelivery counts the leases taken over between the return and
+	// their read (Event.LostInDelivery): reported, not dead at return.
+	LostInDelivery int `json:"lost_in_delivery"`
 	// Acks counts ack_worker calls; RefusedAcks those refused with 'Worker
 	// queue item not found or already processed'; AckErrors other failures.
 	Acks        int `json:"acks"`
 	RefusedAcks int `json:"refused_acks"`
-	AckErrors   int `json:"ack_errors"`
+	// RefusedWhileValidAcks counts the refused acks whose lease was still
+	// valid (Event.RefusedWhileValid); the rest had lost their lease.
+	RefusedWhileValidAcks int `json:"refused_acks_valid_when_run"`
+	AckErrors             int `json:"ack_errors"`
 	// Completed counts successful acks; CompletedPerS per second.
 	Completed     int     `json:"completed"`
 	CompletedPerS float64 `json:"completed_per_s"`
@@ -168,8 +199,11 @@ func Summarize(events []Event, elapsed time.Duration) Summary {
 				}
 				deliveries[e.Item]++
 				s.MaxAttemptSeen = max(s.MaxAttemptSeen, int(e.Attempt))
-				if e.DeadAtReturn() {
+				switch {
+				case e.DeadAtReturn():
 					s.DeadAtReturn++
+				case e.LostInDelivery():
+					s.LostInDelivery++
 				}
 				if !e.LeaseLost {
 					remaining = append(remaining, e.RemainingMs)
@@ -189,6 +223,9 @@ func Summarize(events []Event, elapsed time.Duration) Summary {
 				cycle = append(cycle, e.CycleUs)
 			case outcomeRefused:
 				s.RefusedAcks++
+				if e.RefusedWhileValid {
+					s.RefusedWhileValidAcks++
+				}
 			default:
 				s.AckErrors++
 				noteErr(e)

@@ -390,7 +390,7 @@ func (w *slot) fetch(ctx context.Context) (*Fetched, error) {
 			ev.LeaseLost = true
 			ev.Outcome = OutcomeOK + " (lease not read: " + lerr.Error() + ")"
 		case lease.LockedUntilMs == 0:
-			ev.LeaseLost = true
+			ev.LeaseLost, ev.DBAtReadMs = true, lease.DBNowMs
 		default:
 			ev.LockedUntilMs = lease.LockedUntilMs
 			ev.RemainingMs = lease.LockedUntilMs - dbReturn
@@ -427,6 +427,14 @@ func (w *slot) process(ctx context.Context, f *Fetched, fetchStart time.Time) {
 	ev.CallerBeforeMs, ev.CallerAfterMs, ev.LatencyUs = before, after, lat
 	ev.CycleUs = time.Since(fetchStart).Microseconds()
 	ev.Outcome = outcome(err, IsNotFound)
+	if ev.Outcome == outcomeRefused {
+		// Refused while its lease was valid, or after it was lost: the
+		// token's lease as it stands right after the refusal says which.
+		w.connMu.Lock()
+		lease, lerr := w.client.ReadLease(context.WithoutCancel(ctx), w.conn, f.LockToken)
+		w.connMu.Unlock()
+		ev.RefusedWhileValid = lerr == nil && lease.LockedUntilMs > max(before, lease.DBNowMs)
+	}
 	w.log.Add(ev)
 	if err != nil {
 		return
