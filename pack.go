@@ -32,6 +32,12 @@ type Migration struct {
 	// (its "-- Adds:" header line: "table name", "index name", "function
 	// name", "trigger name"), nil when it adds none.
 	Adds []string
+	// Leaves lists, by function, the upstream behaviours (Known.BehavesAs)
+	// whose definitions a fix migration knows and leaves as they are (its
+	// "-- Leaves: function as upstream B, B" header lines): installing its
+	// fix over them would undo a change of upstream's that a later fix of
+	// the pack keeps. Nil when it leaves none.
+	Leaves map[string][]int64
 	// Costs lists the functions a fix migration makes slower on purpose,
 	// though it does not redefine them (its "-- Costs:" header line; the
 	// header says what they pay for), nil when there are none. The
@@ -47,6 +53,9 @@ type Migration struct {
 	Duration string
 	// Up and Down are the file's two sections, as goose runs them.
 	Up, Down string
+	// UpLocks are the LOCK TABLE statements of the Up at its top level, in
+	// order: what a restore of one of its fixes takes again.
+	UpLocks []string
 	// NoTransaction is true when the file runs outside a transaction
 	// (goose's "-- +goose NO TRANSACTION"): each statement commits on its
 	// own, on one connection.
@@ -68,6 +77,15 @@ type Definition struct {
 	// Source is the body exactly as PostgreSQL stores it in pg_proc.prosrc:
 	// the text between AS $fn$ and $fn$.
 	Source string
+	// Statement is the whole CREATE FUNCTION statement, as the file has
+	// it, with its closing semicolon.
+	Statement string
+	// Behaviours are the upstream behaviours (Known.BehavesAs) the body is
+	// the fix of, from a "-- Behaviour: upstream B, B" line right above
+	// its CREATE: a fix with several bodies of one function names each
+	// one's. Nil for a fix's only body of a function: it serves every
+	// behaviour its guard knows for that function, but those it Leaves.
+	Behaviours []int64
 }
 
 // Fingerprint is the md5 of the body, as the guards and
@@ -110,8 +128,11 @@ var (
 	headerLabelRE = regexp.MustCompile(`^[A-Z][a-z]+: `)
 	costsRE       = regexp.MustCompile(`(?m)^-- Costs: ([a-z_]+(?:, [a-z_]+)*)\s*$`)
 	addsRE        = regexp.MustCompile(`(?m)^-- Adds: ((?:table|index|function|trigger) [a-z_]+(?:, (?:table|index|function|trigger) [a-z_]+)*)\s*$`)
-	// A function body: CREATE [OR REPLACE] FUNCTION name(...) ... AS $fn$ body $fn$.
-	definitionRE = regexp.MustCompile(`(?s)CREATE (?:OR REPLACE )?FUNCTION ([a-z_]+)\(.*?AS \$fn\$(.*?)\$fn\$`)
+	leavesRE      = regexp.MustCompile(`(?m)^-- Leaves: ([a-z_]+) as upstream (\d+(?:, \d+)*)\s*$`)
+	// A function body: CREATE [OR REPLACE] FUNCTION name(...) ... AS $fn$
+	// body $fn$, and the "-- Behaviour:" line right above it, if any.
+	definitionRE = regexp.MustCompile(`(?s)(?:-- Behaviour: upstream (\d+(?:, \d+)*)\n)?(CREATE (?:OR REPLACE )?FUNCTION ([a-z_]+)\(.*?AS \$fn\$(.*?)\$fn\$)`)
+	upLockRE     = regexp.MustCompile(`(?m)^LOCK TABLE [a-z_]+ IN [A-Z ]+ MODE;$`)
 	// A row of a guard's VALUES table of known definitions.
 	knownRE = regexp.MustCompile(`\('([a-z_]+)', '([0-9a-f]{32})', '([^']+)', (\d+), (true|false)\)`)
 )
@@ -195,7 +216,8 @@ func parse(file, num, text string) (Migration, error) {
 	}
 	for i, section := range []string{m.Up, m.Down} {
 		for _, d := range definitionRE.FindAllStringSubmatch(section, -1) {
-			m.Definitions = append(m.Definitions, Definition{Function: d[1], Down: i == 1, Source: d[2]})
+			m.Definitions = append(m.Definitions, Definition{Function: d[3], Down: i == 1, Source: d[4],
+				Statement: d[2] + ";", Behaviours: versionList(d[1])})
 		}
 		for _, k := range knownRE.FindAllStringSubmatch(section, -1) {
 			behaves, _ := strconv.ParseInt(k[4], 10, 64)
@@ -212,6 +234,13 @@ func parse(file, num, text string) (Migration, error) {
 	if c := costsRE.FindStringSubmatch(header); c != nil {
 		m.Costs = strings.Split(c[1], ", ")
 	}
+	for _, l := range leavesRE.FindAllStringSubmatch(header, -1) {
+		if m.Leaves == nil {
+			m.Leaves = map[string][]int64{}
+		}
+		m.Leaves[l[1]] = append(m.Leaves[l[1]], versionList(l[2])...)
+	}
+	m.UpLocks = upLockRE.FindAllString(m.Up, -1)
 	m.Locks = headerParagraph(header, "Locks")
 	m.Duration = headerParagraph(header, "Duration")
 	switch {
@@ -221,6 +250,8 @@ func parse(file, num, text string) (Migration, error) {
 		return m, fmt.Errorf("%s: both ports upstream %d and fixes %v; one concern per migration", file, m.Upstream, m.Fixes)
 	case m.IsPort() && m.Adds != nil:
 		return m, fmt.Errorf("%s: a port adds nothing to upstream's catalog, yet it has an -- Adds: line", file)
+	case m.IsPort() && m.Leaves != nil:
+		return m, fmt.Errorf("%s: a port fixes nothing, yet it has a -- Leaves: line", file)
 	case !m.IsPort() && m.Fixes == nil:
 		return m, fmt.Errorf("%s: neither records an upstream version in _duroxide_migrations nor names what it fixes (a '-- Fixes: function' header line)", file)
 	}
@@ -297,6 +328,88 @@ func UpstreamVersions() []int64 {
 	}
 	slices.Sort(out)
 	return out
+}
+
+// versionList parses "19, 20" (nil for "").
+func versionList(s string) []int64 {
+	if s == "" {
+		return nil
+	}
+	var out []int64
+	for _, f := range strings.Split(s, ", ") {
+		v, _ := strconv.ParseInt(f, 10, 64)
+		out = append(out, v)
+	}
+	return out
+}
+
+// KnownDefinitions lists every definition of function name that the Up
+// guard of a fix migration recognises, one per fingerprint (the newest
+// migration's row where two disagree), in the order first met: what the
+// pack knows a database may hold for a function it fixes.
+func KnownDefinitions(name string) []Known {
+	var out []Known
+	at := map[string]int{}
+	for _, m := range Fixes() {
+		for _, k := range m.Known {
+			if k.Function != name || k.Down {
+				continue
+			}
+			if i, ok := at[k.Fingerprint]; ok {
+				out[i] = k
+				continue
+			}
+			at[k.Fingerprint] = len(out)
+			out = append(out, k)
+		}
+	}
+	return out
+}
+
+// FixFor returns the newest fix migration of goose version upTo or below
+// that installs a fix of function name for upstream behaviour behavesAs,
+// and the definition it installs: a body of name in its Up whose
+// Behaviours name behavesAs, or its only body of name when its guard knows
+// a definition of that behaviour and it does not leave it. ok is false
+// when no fix up to upTo has one (upstream changed the function in a way
+// the pack has no fix for yet).
+func FixFor(name string, behavesAs, upTo int64) (fix Migration, def Definition, ok bool) {
+	fixes := Fixes()
+	for i := len(fixes) - 1; i >= 0; i-- {
+		m := fixes[i]
+		if m.Version > upTo || !slices.Contains(m.Fixes, name) {
+			continue
+		}
+		if d, ok := m.bodyFor(name, behavesAs); ok {
+			return m, d, true
+		}
+	}
+	return Migration{}, Definition{}, false
+}
+
+// bodyFor is the body of function name that m's Up installs for behaviour
+// behavesAs (see FixFor).
+func (m Migration) bodyFor(name string, behavesAs int64) (Definition, bool) {
+	var bodies []Definition
+	for _, d := range m.Definitions {
+		if !d.Down && d.Function == name {
+			bodies = append(bodies, d)
+		}
+	}
+	for _, d := range bodies {
+		if slices.Contains(d.Behaviours, behavesAs) {
+			return d, true
+		}
+	}
+	if len(bodies) != 1 || bodies[0].Behaviours != nil || slices.Contains(m.Leaves[name], behavesAs) {
+		return Definition{}, false
+	}
+	for _, k := range m.Known {
+		if !k.Down && k.Function == name && k.BehavesAs == behavesAs {
+			return bodies[0], true
+		}
+	}
+	return Definition{}, false
 }
 
 // headerParagraph is the text of the header's "-- <label>:" paragraph, its

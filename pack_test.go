@@ -105,6 +105,61 @@ func TestUpAndDownGuardsOfAFixKnowTheSameDefinitions(t *testing.T) {
 	}
 }
 
+// Every definition a fix migration's guard knows has, at the pack's
+// latest, a fix that serves its behaviour or a fix that leaves it on
+// purpose, and each fix serves what its Leaves line does not name: the
+// restore step (harness/ops/restore) reads exactly this.
+func TestEveryKnownBehaviourHasTheFixThatServesItOrIsLeftOnPurpose(t *testing.T) {
+	latest := migrations.Latest()
+	for _, m := range migrations.Fixes() {
+		for fn, behaviours := range m.Leaves {
+			require.Contains(t, m.Fixes, fn, "%s leaves %s, which it does not fix", m.File, fn)
+			for _, b := range behaviours {
+				require.True(t, slices.ContainsFunc(m.Known, func(k migrations.Known) bool { return k.Function == fn && k.BehavesAs == b && !k.Down }),
+					"%s leaves %s as upstream %d, which its guard does not know", m.File, fn, b)
+			}
+		}
+		for _, fn := range m.Fixes {
+			for _, k := range migrations.KnownDefinitions(fn) {
+				fix, body, ok := migrations.FixFor(fn, k.BehavesAs, latest)
+				if !ok {
+					t.Errorf("%s %s (%s, upstream %d behaviour): no fix of the pack serves it", fn, k.Fingerprint, k.Definition, k.BehavesAs)
+					continue
+				}
+				require.Contains(t, fix.Fixes, fn)
+				require.Equal(t, fn, body.Function)
+				require.False(t, body.Down)
+				require.True(t, strings.HasPrefix(body.Statement, "CREATE OR REPLACE FUNCTION "+fn+"(") && strings.HasSuffix(body.Statement, "$fn$;"),
+					"%s: the statement of %s: %.60q", fix.File, fn, body.Statement)
+				require.Contains(t, body.Statement, body.Source)
+			}
+		}
+	}
+}
+
+func TestFixForPicksTheNewestBodyOfTheBehaviour(t *testing.T) {
+	fix, body, ok := migrations.FixFor("fetch_orchestration_item", 24, migrations.Latest())
+	require.True(t, ok)
+	require.Equal(t, int64(29), fix.Version, "0029 takes the candidate's key: it serves the candidate")
+	require.Equal(t, []string{"LOCK TABLE orchestrator_queue IN EXCLUSIVE MODE;"}, fix.UpLocks)
+	require.Nil(t, body.Behaviours)
+	_, _, ok = migrations.FixFor("fetch_orchestration_item", 24, 28)
+	require.False(t, ok, "0020 and 0027 leave the candidate")
+	fix, _, ok = migrations.FixFor("fetch_orchestration_item", 19, 28)
+	require.True(t, ok)
+	require.Equal(t, int64(27), fix.Version)
+	// 0021 holds one body per behaviour, each marked.
+	_, b19, ok := migrations.FixFor("ack_orchestration_item", 19, 21)
+	require.True(t, ok)
+	_, b20, ok := migrations.FixFor("ack_orchestration_item", 20, 21)
+	require.True(t, ok)
+	require.Equal(t, []int64{19}, b19.Behaviours)
+	require.Equal(t, []int64{20}, b20.Behaviours)
+	require.NotEqual(t, b19.Source, b20.Source)
+	_, _, ok = migrations.FixFor("ack_orchestration_item", 20, 20)
+	require.False(t, ok, "below 0021 nothing fixes the ack")
+}
+
 func TestFingerprintIsTheMD5OfTheSource(t *testing.T) {
 	if got := (migrations.Definition{Source: ""}).Fingerprint(); got != "d41d8cd98f00b204e9800998ecf8427e" {
 		t.Fatalf("Fingerprint(\"\") = %s", got)

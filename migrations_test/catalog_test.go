@@ -268,7 +268,16 @@ func TestEachFixChangesExactlyTheFunctionsItNames(t *testing.T) {
 					changed = append(changed, name)
 				}
 			}
-			require.ElementsMatch(t, m.Fixes, changed, "%s changes exactly the functions its header names", m.File)
+			// A function the schema does not have (one only an unreleased
+			// upstream migration adds, as 0033's fetch_work_items) is left
+			// absent: the fix has nothing to change.
+			var present []string
+			for id := range before {
+				if name := fingerprint.NameOf(id); slices.Contains(m.Fixes, name) && !slices.Contains(present, name) {
+					present = append(present, name)
+				}
+			}
+			require.ElementsMatch(t, present, changed, "%s changes exactly the functions its header names that the schema has", m.File)
 			_, err = r.DownTo(ctx, m.Version-1)
 			require.NoError(t, err)
 			require.Equal(t, before, takeBodies(t, r), "down from %s restores the bodies", m.File)

@@ -22,6 +22,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/duroxide-pg/migrations/harness/ops/doctor"
 	"github.com/duroxide-pg/migrations/internal/testenv/testdb"
 	"github.com/duroxide-pg/migrations/internal/testenv/upstream"
 )
@@ -64,6 +65,11 @@ const (
 	upstream20AsApp // shaped like upstream 20
 	upstream21AsApp // shaped like upstream 21
 	candidateAsApp  // made by the real provider, then upstream's candidate fix (port)
+	// After an upgrade of duroxide-pg (upgrade_test.go): adopted at the
+	// pack's latest, then upstream's candidate fix applied by its runner
+	// over the pack's fetch.
+	replaced      // as the test's own role
+	replacedAsApp // every object owned by role duroxide_app
 )
 
 // docSpec says how a block runs: its start state, the exit status of the
@@ -92,6 +98,9 @@ type docSpec struct {
 	// the start state recorded, no more and no less (a rollback keeps the
 	// schema the application's release runs).
 	keepsRecorded bool
+	// allFixed: after the block, every function the pack fixes carries
+	// its fix (doctor's verdict).
+	allFixed bool
 }
 
 // docSpecs are keyed by the block's first line, as written.
@@ -140,6 +149,9 @@ var docSpecs = map[string]docSpec{
 	"# rollback 1..21 and 23: to goose 24":                                     {state: realAsApp, setup: runbookAdoption(""), keepsRecorded: true},
 	"# runbook candidate: a release with upstream's candidate fix":             {state: candidateAsApp, exits: runbookExits(0)},
 	"# rollback candidate: to goose 29":                                        {state: candidateAsApp, setup: runbookAdoption(""), keepsRecorded: true},
+	"# after an upgrade: duroxide-pg's runner replaced a fix":                  {state: replacedAsApp, exits: map[string]int{"# replaced: exit 1": 1}, keepsRecorded: true, allFixed: true},
+	// docs/OPERATIONS.md, the restore step with psql and the stock goose CLI.
+	"psql -v ON_ERROR_STOP=1 -c 'SET search_path TO duroxide' -f sql/restore/0001_restore_fixes.sql \"$DSN\"": {state: replaced, keepsRecorded: true, allFixed: true},
 }
 
 // runbookExits are a runbook's doctor exits: 1 before the fixes, after
@@ -212,6 +224,11 @@ func docDB(t *testing.T, state docState) (dsn string, db *testdb.Database) {
 		ownByApp(t, db)
 	case candidateAsApp:
 		db = dbs.UpstreamCandidate(t)
+		ownByApp(t, db)
+	case replaced:
+		db = dbs.Upgraded(t, upstream.InFlightCandidate)
+	case replacedAsApp:
+		db = dbs.Upgraded(t, upstream.InFlightCandidate)
 		ownByApp(t, db)
 	default:
 		db = dbs.New(t, 0)
@@ -380,6 +397,11 @@ func runDocBlock(t *testing.T, root, bin string, b docBlock, spec docSpec) {
 		last = output
 	}
 	require.Contains(t, last, spec.prints, "%s:%d prints what the document says", b.file, b.line)
+	if spec.allFixed {
+		fs, err := doctor.Functions(context.Background(), sqlDB(t, db), db.Schema)
+		require.NoError(t, err)
+		require.True(t, doctor.AllFixed(fs), "%s:%d leaves every fix in force: %+v", b.file, b.line, fs)
+	}
 	for name, want := range spec.writes {
 		got, err := os.ReadFile(filepath.Join(scratch, name))
 		require.NoError(t, err, "%s:%d leaves %s", b.file, b.line, name)

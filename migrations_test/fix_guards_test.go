@@ -4,12 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 
 	migrations "github.com/duroxide-pg/migrations"
+	"github.com/duroxide-pg/migrations/harness/ops/fingerprint"
+	"github.com/duroxide-pg/migrations/internal/testenv/upstream"
 )
 
 // Every fix identifies what it replaces: a definition of any function it
@@ -22,6 +25,12 @@ func TestEveryFixRefusesADefinitionItDoesNotKnow(t *testing.T) {
 			t.Run(fmt.Sprintf("%s over a hand-edited %s", m.File, fn), func(t *testing.T) {
 				t.Parallel()
 				db := dbs.New(t, m.Version-1)
+				if !hasFunction(t, db, fn) {
+					// Only an unreleased upstream migration adds it (0033's
+					// fetch_work_items): give the schema that migration
+					// first, as duroxide-pg's runner would.
+					applyInFlight(t, db, inFlightAdding(t, fn))
+				}
 				editByHand(t, db, fn)
 				h := &schemaDB{t: t, db: db, pool: db.PgxPool(t)}
 				before := h.texts(`SELECT p.proname::text || md5(p.prosrc) FROM pg_proc p
@@ -41,4 +50,17 @@ func TestEveryFixRefusesADefinitionItDoesNotKnow(t *testing.T) {
 			})
 		}
 	}
+}
+
+// inFlightAdding is the in-flight upstream migration (a port the tests can
+// apply, internal/testenv/upstream) that defines function fn.
+func inFlightAdding(t *testing.T, fn string) string {
+	t.Helper()
+	for _, u := range fingerprint.UnreleasedMigrations() {
+		if fingerprint.NameOf(u.Function) == fn && slices.Contains(upstream.InFlight(), u.File) {
+			return u.File
+		}
+	}
+	t.Fatalf("no in-flight upstream migration the tests can apply defines %s", fn)
+	return ""
 }

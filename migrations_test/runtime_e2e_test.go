@@ -128,6 +128,25 @@ func runtimeSchemas(t *testing.T, p *upstream.Provider) (src *dbconn.Source, sch
 	provider("e2e_amended", upstream.ApplyCandidate, upstream.ApplyAmendment)
 	provider("e2e_amended_adopted", upstream.ApplyCandidate, upstream.ApplyAmendment)
 	adopt("e2e_amended_adopted")
+	// Upgrades over a database the pack fixed (upgrade_test.go), each
+	// ended by one migrate up: a released line (the pack at 21 on 1..19,
+	// then the runner's 20, 21 and 23), and upstream's in-flight migrations
+	// applied by the runner after adoption.
+	require.NoError(t, migrate.To(ctx, db.Source.Config(), "e2e_released_upgrade", orchFixedStop()))
+	provider("e2e_released_upgrade")
+	up("e2e_released_upgrade")
+	upgraded := func(schema string, files ...string) {
+		provider(schema)
+		adopt(schema)
+		for _, f := range files {
+			require.NoError(t, upstream.ApplyInFlight(ctx, db.Source, schema, f))
+		}
+		up(schema)
+	}
+	// Two files a schema: upstream's branches number them 22 and 24 twice,
+	// so each schema takes one of each.
+	upgraded("e2e_upgraded_candidate_batched", upstream.InFlightCandidate, upstream.InFlightBatchedFetch)
+	upgraded("e2e_upgraded_ack_plan", upstream.InFlightContinuedAck, upstream.InFlightWorkerPlan)
 	return db.Source, []e2eSchema{
 		{name: "e2e_pack", fixed: true},
 		{name: "e2e_adopted", fixed: true},
@@ -136,6 +155,9 @@ func runtimeSchemas(t *testing.T, p *upstream.Provider) (src *dbconn.Source, sch
 		{name: "e2e_candidate_adopted", fixed: true, setAside: []int64{24}},
 		{name: "e2e_amended", setAside: []int64{24, 25}},
 		{name: "e2e_amended_adopted", fixed: true, setAside: []int64{24, 25}},
+		{name: "e2e_released_upgrade", fixed: true},
+		{name: "e2e_upgraded_candidate_batched", fixed: true, setAside: []int64{24}},
+		{name: "e2e_upgraded_ack_plan", fixed: true, setAside: []int64{24}},
 	}
 }
 

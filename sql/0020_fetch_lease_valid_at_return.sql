@@ -1,5 +1,6 @@
 -- 0020_fetch_lease_valid_at_return.sql
 -- Fixes: fetch_orchestration_item
+-- Leaves: fetch_orchestration_item as upstream 24, 25
 --
 -- Not an upstream migration: this pack's fix of fetch_orchestration_item.
 -- (Upstream's own version 20, 0020_add_kv_delta.sql, is a different change

@@ -37,7 +37,11 @@
 -- file, when kv_delta has another shape, or when the installed ack is not a
 -- definition it knows (fingerprints, as in 0021). cleanup_schema is left as
 -- it is when the runner also applied upstream's 21, which redefined it
--- (0023 then installs the pack's).
+-- (0023 then installs the pack's). The ack is left as it is when the runner
+-- also applied upstream's continued-as-new ack (its unreleased branch file
+-- 0024_continue_as_new_completed_at.sql: a ContinuedAsNew turn records
+-- completed_at), or when 0021 fixed that one: installing version 20's
+-- would undo upstream's later change. Down refuses over that ack.
 --
 -- Down keeps every KV value an orchestration can read: kv_delta is folded
 -- into kv_store the way version 19's ack would have written each mutation
@@ -64,6 +68,7 @@ DECLARE
     v_raw text;
     v_normalized text;
     v_definition text;
+    v_behaves_as integer;
 BEGIN
     SELECT m.name INTO v_name FROM _duroxide_migrations m WHERE m.version = 20;
     IF FOUND AND v_name <> '0020_add_kv_delta.sql' THEN
@@ -105,14 +110,17 @@ BEGIN
       AND p.proname = 'ack_orchestration_item'
       AND pg_get_function_identity_arguments(p.oid)
           = 'p_lock_token text, p_now_ms bigint, p_execution_id bigint, p_history_delta jsonb, p_worker_items jsonb, p_orchestrator_items jsonb, p_metadata jsonb, p_cancelled_activities jsonb';
-    SELECT k.definition INTO v_definition
+    SELECT k.definition, k.behaves_as INTO v_definition, v_behaves_as
     FROM (VALUES
         ('ack_orchestration_item', '6b8f539683584a7bf3e4243e9eb0786d', 'upstream 19', 19, false),
         ('ack_orchestration_item', 'a7c0bb8c647b78f93b54b6eeeb521ed5', 'pack, as upstream 19', 19, false),
         ('ack_orchestration_item', '9be703b17c70bdc077304f9825055125', 'pack 0021 fix, upstream 19 behaviour', 19, true),
         ('ack_orchestration_item', 'e09b0488b13cba5e43fbfa4cdf1bac38', 'upstream 20-23', 20, false),
         ('ack_orchestration_item', '3b21e6c1421d03f64a4c2de5c443e127', 'pack, as upstream 20', 20, false),
-        ('ack_orchestration_item', '1590e0fdb3965a379efa3aea63ee71cd', 'pack 0021 fix, upstream 20 behaviour', 20, true)
+        ('ack_orchestration_item', '1590e0fdb3965a379efa3aea63ee71cd', 'pack 0021 fix, upstream 20 behaviour', 20, true),
+        ('ack_orchestration_item', 'abb583bcc970d11b3ecbb85eef1f464a', 'upstream branch 0024 continued-as-new ack, port', 24, false),
+        ('ack_orchestration_item', '6cf0a7cfb3342824aba0d7a701dc4659', 'pack, as upstream 24', 24, false),
+        ('ack_orchestration_item', '3c40c93291f39a183831b567442fecd2', 'pack 0021 fix, upstream 24 behaviour', 24, true)
     ) AS k(function_name, fingerprint, definition, behaves_as, fixed)
     WHERE k.fingerprint IN (v_raw, v_normalized);
     IF NOT FOUND THEN
@@ -120,7 +128,14 @@ BEGIN
             USING ERRCODE = '55000',
                   HINT = 'It was edited by hand or comes from a duroxide-pg release newer than this pack knows. `harness doctor` shows what is installed.';
     END IF;
-    RAISE NOTICE '0022: ack_orchestration_item was %; installing version 20''s ack with 0021''s fix', v_definition;
+    IF v_behaves_as = 24 THEN
+        -- Upstream's continued-as-new ack (its branch 0024), which the
+        -- runner installed after its 20: a newer change of upstream's than
+        -- this port's, kept (the ack block below leaves it).
+        RAISE NOTICE '0022: ack_orchestration_item is %, a later change of upstream''s than version 20: left as it is', v_definition;
+    ELSE
+        RAISE NOTICE '0022: ack_orchestration_item was %; installing version 20''s ack with 0021''s fix', v_definition;
+    END IF;
 END;
 $guard$;
 -- +goose StatementEnd
@@ -134,8 +149,27 @@ CREATE TABLE IF NOT EXISTS kv_delta (
 );
 
 -- Version 20's ack, with 0021's lease lock (the same text 0021 installs on
--- a database of upstream 20 behaviour).
+-- a database of upstream 20 behaviour), unless the installed ack is the
+-- continued-as-new one of upstream's branch 0024, which is upstream's
+-- change after 20 and must not be undone. The fingerprints are the guard's
+-- rows of behaviour 24 (the port of upstream's text, the pack's, 0021's
+-- fix of it): a text the guard learns for that behaviour goes here too.
 -- +goose StatementBegin
+DO $ack$
+BEGIN
+    IF EXISTS (
+        SELECT 1
+        FROM pg_proc p
+        JOIN pg_namespace n ON n.oid = p.pronamespace
+        WHERE n.nspname = current_schema()
+          AND p.proname = 'ack_orchestration_item'
+          AND pg_get_function_identity_arguments(p.oid)
+              = 'p_lock_token text, p_now_ms bigint, p_execution_id bigint, p_history_delta jsonb, p_worker_items jsonb, p_orchestrator_items jsonb, p_metadata jsonb, p_cancelled_activities jsonb'
+          AND md5(replace(p.prosrc, n.nspname || '.', '@schema@.'))
+              IN ('abb583bcc970d11b3ecbb85eef1f464a', '6cf0a7cfb3342824aba0d7a701dc4659', '3c40c93291f39a183831b567442fecd2')
+    ) THEN
+        RAISE NOTICE '0022: ack_orchestration_item left as it is (upstream 24 behaviour)';
+    ELSE
 CREATE OR REPLACE FUNCTION ack_orchestration_item(
     p_lock_token text,
     p_now_ms bigint,
@@ -417,6 +451,9 @@ BEGIN
       AND l.lock_token = p_lock_token;
 END;
 $fn$;
+    END IF;
+END;
+$ack$;
 -- +goose StatementEnd
 
 -- +goose StatementBegin
@@ -662,6 +699,7 @@ DECLARE
     v_raw text;
     v_normalized text;
     v_definition text;
+    v_behaves_as integer;
 BEGIN
     SELECT string_agg(m.version::text, ', ' ORDER BY m.version) INTO v_later
     FROM _duroxide_migrations m
@@ -682,20 +720,29 @@ BEGIN
       AND p.proname = 'ack_orchestration_item'
       AND pg_get_function_identity_arguments(p.oid)
           = 'p_lock_token text, p_now_ms bigint, p_execution_id bigint, p_history_delta jsonb, p_worker_items jsonb, p_orchestrator_items jsonb, p_metadata jsonb, p_cancelled_activities jsonb';
-    SELECT k.definition INTO v_definition
+    SELECT k.definition, k.behaves_as INTO v_definition, v_behaves_as
     FROM (VALUES
         ('ack_orchestration_item', '6b8f539683584a7bf3e4243e9eb0786d', 'upstream 19', 19, false),
         ('ack_orchestration_item', 'a7c0bb8c647b78f93b54b6eeeb521ed5', 'pack, as upstream 19', 19, false),
         ('ack_orchestration_item', '9be703b17c70bdc077304f9825055125', 'pack 0021 fix, upstream 19 behaviour', 19, true),
         ('ack_orchestration_item', 'e09b0488b13cba5e43fbfa4cdf1bac38', 'upstream 20-23', 20, false),
         ('ack_orchestration_item', '3b21e6c1421d03f64a4c2de5c443e127', 'pack, as upstream 20', 20, false),
-        ('ack_orchestration_item', '1590e0fdb3965a379efa3aea63ee71cd', 'pack 0021 fix, upstream 20 behaviour', 20, true)
+        ('ack_orchestration_item', '1590e0fdb3965a379efa3aea63ee71cd', 'pack 0021 fix, upstream 20 behaviour', 20, true),
+        ('ack_orchestration_item', 'abb583bcc970d11b3ecbb85eef1f464a', 'upstream branch 0024 continued-as-new ack, port', 24, false),
+        ('ack_orchestration_item', '6cf0a7cfb3342824aba0d7a701dc4659', 'pack, as upstream 24', 24, false),
+        ('ack_orchestration_item', '3c40c93291f39a183831b567442fecd2', 'pack 0021 fix, upstream 24 behaviour', 24, true)
     ) AS k(function_name, fingerprint, definition, behaves_as, fixed)
     WHERE k.fingerprint IN (v_raw, v_normalized);
     IF NOT FOUND THEN
         RAISE EXCEPTION '0022 (down): ack_orchestration_item in schema % has a definition this migration does not know (fingerprint %); nothing was changed', current_schema(), coalesce(v_normalized, 'none: the function is missing')
             USING ERRCODE = '55000',
                   HINT = 'It was edited by hand or comes from a duroxide-pg release newer than this pack knows. `harness doctor` shows what is installed.';
+    END IF;
+    -- Going down installs 0021's fix of 19's ack: over upstream's
+    -- continued-as-new ack that would undo a change of upstream's.
+    IF v_behaves_as = 24 THEN
+        RAISE EXCEPTION '0022 (down): ack_orchestration_item in schema % is %, a change of upstream''s after version 20 that going down would undo; nothing was changed', current_schema(), v_definition
+            USING ERRCODE = '55000';
     END IF;
 END;
 $guard$;

@@ -1,6 +1,7 @@
 -- 0027_fetch_by_instance_head.sql
 -- Fixes: fetch_orchestration_item
 -- Adds: table orchestrator_queue_heads, index idx_orch_heads_order, index idx_orch_instance_head, function orchestrator_queue_head_offer, function orchestrator_queue_head_refresh, function orchestrator_queue_heads_after_insert, function orchestrator_queue_heads_after_delete, function orchestrator_queue_heads_after_update, function orchestrator_queue_heads_after_truncate, trigger orchestrator_queue_heads_after_insert, trigger orchestrator_queue_heads_after_delete, trigger orchestrator_queue_heads_after_update, trigger orchestrator_queue_heads_after_truncate
+-- Leaves: fetch_orchestration_item as upstream 24, 25
 -- Costs: enqueue_orchestrator_work, ack_worker, ack_orchestration_item
 --
 -- Not an upstream migration: this pack's fix of the cost of

@@ -1,5 +1,6 @@
 -- 0028_worker_fetch_claims_before_locking.sql
 -- Fixes: fetch_work_item
+-- Leaves: fetch_work_item as upstream 22
 --
 -- Not an upstream migration: this pack's second fix of the worker queue's
 -- fetch, after 0025. Records nothing in _duroxide_migrations.
@@ -44,8 +45,17 @@
 -- 0025's fix, or this fix (installed again); anything else fails with
 -- SQLSTATE 55000 and changes nothing, as 0025's guard.
 --
--- Down identifies the definition the same way and restores 0025's fix; it
--- refuses an unknown one.
+-- Upstream's branch fix of the same function's generic plan (its branch
+-- file 0022_fix_fetch_work_item_generic_plan.sql, unreleased; the port the
+-- pack's tests use) is known too and left as it is (behaves_as 22): its
+-- candidate query has a second bound, on the database clock, that the
+-- plan PL/pgSQL caches after five calls can use, and this fix's has not,
+-- so installing this fix over it would undo a change of upstream's. 0031,
+-- whose plan sees its bound, installs the pack's fix over it.
+--
+-- Down identifies the definition the same way and restores 0025's fix over
+-- any definition of version 19's behaviour, leaves upstream's branch fix as
+-- it is, and refuses an unknown one.
 --
 -- Locks: no table lock: it only replaces functions (a call in flight finishes
 -- on the old text, the next call uses the new one).
@@ -59,6 +69,7 @@ DECLARE
     v_raw text;
     v_normalized text;
     v_definition text;
+    v_behaves_as integer;
 BEGIN
     FOR v_function IN
         SELECT f.name, f.arguments
@@ -80,12 +91,13 @@ BEGIN
         END IF;
 
         -- (function, fingerprint, definition, upstream behaviour, carries the fix)
-        SELECT k.definition INTO v_definition
+        SELECT k.definition, k.behaves_as INTO v_definition, v_behaves_as
         FROM (VALUES
             ('fetch_work_item', '5d3e664fd9550cee498ff683f89ab5a4', 'upstream 16-23', 19, false),
             ('fetch_work_item', '312d6f164b022ab783b7ce4a9ac3e1e8', 'pack 0016', 19, false),
             ('fetch_work_item', '0824e901fca4ea95922a3ab8856bcd81', 'pack 0025 fix', 19, true),
-            ('fetch_work_item', '4cc18c70dcdb8fa716f37e121b074580', 'pack 0028 fix', 19, true)
+            ('fetch_work_item', '4cc18c70dcdb8fa716f37e121b074580', 'pack 0028 fix', 19, true),
+            ('fetch_work_item', 'e565496d53e1b807954d6fe004d40772', 'upstream branch 0022 generic-plan fix, port', 22, false)
         ) AS k(function_name, fingerprint, definition, behaves_as, fixed)
         WHERE k.function_name = v_function.name
           AND k.fingerprint IN (v_raw, v_normalized);
@@ -94,13 +106,16 @@ BEGIN
                 USING ERRCODE = '55000',
                       HINT = 'It was edited by hand or comes from a duroxide-pg release newer than this pack knows. `harness doctor` shows what is installed; compare it with upstream''s before going on.';
         END IF;
+        IF v_behaves_as >= 22 THEN
+            -- Upstream's branch fix of the generic plan (its 0022): its
+            -- candidate query has a bound the cached plan can use, which
+            -- this fix's has not. Left as it is; 0031 installs the pack's
+            -- fix, whose plan sees its bound, over it.
+            RAISE NOTICE '0028: % is %; its cached plan sees a visibility bound this fix''s does not: left as it is (0031 installs the pack''s fix over it)', v_function.name, v_definition;
+            RETURN;
+        END IF;
         RAISE NOTICE '0028: % was %; installing the fix', v_function.name, v_definition;
     END LOOP;
-END;
-$guard$;
--- +goose StatementEnd
-
--- +goose StatementBegin
 CREATE OR REPLACE FUNCTION fetch_work_item(
     p_now_ms bigint,
     p_lock_timeout_ms bigint,
@@ -309,6 +324,8 @@ BEGIN
     -- Every session tried was contended: no row, the caller polls again.
 END;
 $fn$;
+END;
+$guard$;
 -- +goose StatementEnd
 
 -- +goose Down
@@ -319,6 +336,7 @@ DECLARE
     v_raw text;
     v_normalized text;
     v_definition text;
+    v_behaves_as integer;
 BEGIN
     FOR v_function IN
         SELECT f.name, f.arguments
@@ -340,12 +358,13 @@ BEGIN
         END IF;
 
         -- (function, fingerprint, definition, upstream behaviour, carries the fix)
-        SELECT k.definition INTO v_definition
+        SELECT k.definition, k.behaves_as INTO v_definition, v_behaves_as
         FROM (VALUES
             ('fetch_work_item', '5d3e664fd9550cee498ff683f89ab5a4', 'upstream 16-23', 19, false),
             ('fetch_work_item', '312d6f164b022ab783b7ce4a9ac3e1e8', 'pack 0016', 19, false),
             ('fetch_work_item', '0824e901fca4ea95922a3ab8856bcd81', 'pack 0025 fix', 19, true),
-            ('fetch_work_item', '4cc18c70dcdb8fa716f37e121b074580', 'pack 0028 fix', 19, true)
+            ('fetch_work_item', '4cc18c70dcdb8fa716f37e121b074580', 'pack 0028 fix', 19, true),
+            ('fetch_work_item', 'e565496d53e1b807954d6fe004d40772', 'upstream branch 0022 generic-plan fix, port', 22, false)
         ) AS k(function_name, fingerprint, definition, behaves_as, fixed)
         WHERE k.function_name = v_function.name
           AND k.fingerprint IN (v_raw, v_normalized);
@@ -354,13 +373,12 @@ BEGIN
                 USING ERRCODE = '55000',
                       HINT = 'It was edited by hand or comes from a duroxide-pg release newer than this pack knows. `harness doctor` shows what is installed; compare it with upstream''s before going on.';
         END IF;
+        IF v_behaves_as >= 22 THEN
+            RAISE NOTICE '0028: % is %, which does not carry this fix: left as it is', v_function.name, v_definition;
+            RETURN;
+        END IF;
         RAISE NOTICE '0028: % was %; restoring 0025''s fix', v_function.name, v_definition;
     END LOOP;
-END;
-$guard$;
--- +goose StatementEnd
-
--- +goose StatementBegin
 CREATE OR REPLACE FUNCTION fetch_work_item(
     p_now_ms bigint,
     p_lock_timeout_ms bigint,
@@ -545,4 +563,6 @@ BEGIN
     -- Every session tried was contended: no row, the caller polls again.
 END;
 $fn$;
+END;
+$guard$;
 -- +goose StatementEnd

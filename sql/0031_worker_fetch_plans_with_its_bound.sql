@@ -35,15 +35,27 @@
 -- What it costs: one set_config() per candidate query; no statement is
 -- planned more often than at 0028 (docs/BENCH.md has the cost per call).
 --
--- Which fetch it replaces: 0028's fix, or this fix (installed again);
--- anything else fails with SQLSTATE 55000 and changes nothing.
+-- Which fetch it replaces: 0028's fix, upstream's branch fix of the same
+-- cliff (its 0022, unreleased; the port the pack's tests use), or this fix
+-- (installed again); anything else fails with SQLSTATE 55000 and changes
+-- nothing. Over upstream's branch fix, which 0025 and 0028 leave as it is,
+-- it keeps what that fix does (a plan that reads the visible items only,
+-- a lease written as upstream's) and adds what it lacks: visibility on
+-- the caller's clock carried forward (no due item seen late by the skew
+-- of a caller whose clock runs ahead), a lease valid at return whatever
+-- the caller's timestamp, no wait on a session row (0025, 0028).
 --
 -- Locks: no table lock: it only replaces a function (CREATE OR REPLACE
 -- FUNCTION); no row is read or written. A fetch running meanwhile
 -- finishes with the old text.
 -- Duration: milliseconds, whatever the tables hold.
 --
--- Down restores 0028's fix, refusing an unknown definition as the Up.
+-- Down restores 0028's fix over any definition the Up knows but upstream's
+-- branch fix (left as it is), refusing an unknown definition as the Up,
+-- and refuses (SQLSTATE 55000, nothing changed) while _duroxide_migrations
+-- records upstream's branch fix (0022_fix_fetch_work_item_generic_plan.sql,
+-- whatever its version): going below 0031 would give its cached plan back
+-- the cliff that file removed.
 
 -- +goose Up
 -- +goose StatementBegin
@@ -77,6 +89,7 @@ BEGIN
         SELECT k.definition INTO v_definition
         FROM (VALUES
             ('fetch_work_item', '4cc18c70dcdb8fa716f37e121b074580', 'pack 0028 fix', 19, true),
+            ('fetch_work_item', 'e565496d53e1b807954d6fe004d40772', 'upstream branch 0022 generic-plan fix, port', 22, false),
             ('fetch_work_item', '3c21f180d28e8c5d9334f34cf9419e04', 'pack 0031 fix', 19, true)
         ) AS k(function_name, fingerprint, definition, behaves_as, fixed)
         WHERE k.function_name = v_function.name
@@ -319,6 +332,7 @@ DECLARE
     v_raw text;
     v_normalized text;
     v_definition text;
+    v_behaves_as integer;
 BEGIN
     FOR v_function IN
         SELECT f.name, f.arguments
@@ -340,9 +354,10 @@ BEGIN
         END IF;
 
         -- (function, fingerprint, definition, upstream behaviour, carries the fix)
-        SELECT k.definition INTO v_definition
+        SELECT k.definition, k.behaves_as INTO v_definition, v_behaves_as
         FROM (VALUES
             ('fetch_work_item', '4cc18c70dcdb8fa716f37e121b074580', 'pack 0028 fix', 19, true),
+            ('fetch_work_item', 'e565496d53e1b807954d6fe004d40772', 'upstream branch 0022 generic-plan fix, port', 22, false),
             ('fetch_work_item', '3c21f180d28e8c5d9334f34cf9419e04', 'pack 0031 fix', 19, true)
         ) AS k(function_name, fingerprint, definition, behaves_as, fixed)
         WHERE k.function_name = v_function.name
@@ -352,15 +367,27 @@ BEGIN
                 USING ERRCODE = '55000',
                       HINT = 'It was edited by hand or comes from a duroxide-pg release newer than this pack knows. `harness doctor` shows what is installed; compare it with upstream''s before going on.';
         END IF;
-        RAISE NOTICE '0031: % was %; restoring 0028''s fix', v_function.name, v_definition;
     END LOOP;
-END;
-$guard$;
--- +goose StatementEnd
 
-
--- Restore 0028's fix, verbatim from 0028_worker_fetch_claims_before_locking.sql.
--- +goose StatementBegin
+    -- Below 0031 the fetch's visibility bound is a variable again, which
+    -- the plan PL/pgSQL caches after five calls cannot use. Where
+    -- duroxide-pg's runner applied upstream's branch fix of that plan, whose
+    -- second bound the cached plan can use, going below would undo a change
+    -- of upstream's: refuse.
+    PERFORM 1
+    FROM _duroxide_migrations m
+    WHERE m.name = '0022_fix_fetch_work_item_generic_plan.sql';
+    IF FOUND THEN
+        RAISE EXCEPTION '0031: schema % records upstream''s branch fix of fetch_work_item''s generic plan (0022_fix_fetch_work_item_generic_plan.sql) in _duroxide_migrations; going below 0031 would give the fetch back a cached plan that reads every item scheduled for later; nothing was changed', current_schema()
+            USING ERRCODE = '55000',
+                  HINT = 'The pack''s fix at 0031 keeps a plan that sees its bound. To return to upstream''s branch fix itself, delete its row from _duroxide_migrations and let duroxide-pg''s runner apply it again.';
+    END IF;
+    IF v_behaves_as >= 22 THEN
+        RAISE NOTICE '0031: fetch_work_item is %, which does not carry this fix: left as it is', v_definition;
+        RETURN;
+    END IF;
+    RAISE NOTICE '0031: fetch_work_item was %; restoring 0028''s fix', v_definition;
+    -- Restore 0028's fix, verbatim from 0028_worker_fetch_claims_before_locking.sql.
 CREATE OR REPLACE FUNCTION fetch_work_item(
     p_now_ms bigint,
     p_lock_timeout_ms bigint,
@@ -569,4 +596,6 @@ BEGIN
     -- Every session tried was contended: no row, the caller polls again.
 END;
 $fn$;
+END;
+$guard$;
 -- +goose StatementEnd

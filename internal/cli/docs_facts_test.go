@@ -101,7 +101,7 @@ func flagsOf(t *testing.T, program, name string) []string {
 func TestDocumentsNameOnlyCommandsFlagsAndVersionsTheCodeHas(t *testing.T) {
 	actions := map[string][]string{
 		"migrate": {"up", "down", "status", "version", "plan"},
-		"sql":     {"up", "down"},
+		"sql":     {"up", "down", "restore"},
 		"db":      {"start"},
 		"repro":   append(repro.Kinds(), "all"),
 	}

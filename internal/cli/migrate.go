@@ -16,6 +16,7 @@ import (
 	migrations "github.com/duroxide-pg/migrations"
 
 	"github.com/duroxide-pg/migrations/harness/ops/migrate"
+	"github.com/duroxide-pg/migrations/harness/ops/restore"
 )
 
 func runMigrate(ctx context.Context, env *Env, args []string) error {
@@ -122,6 +123,7 @@ func runMigrate(ctx context.Context, env *Env, args []string) error {
 		if err != nil {
 			return err
 		}
+		printRestored(env, r.Restored())
 		return printVersion(ctx, env, r, "now at version")
 	case "down":
 		var err error
@@ -139,6 +141,19 @@ func runMigrate(ctx context.Context, env *Env, args []string) error {
 		return printVersion(ctx, env, r, "now at version")
 	}
 	return nil
+}
+
+// printRestored says what the restore step did: each fix it put back,
+// each function it left as upstream changed it.
+func printRestored(env *Env, plan []restore.Function) {
+	for _, f := range plan {
+		switch f.Action {
+		case restore.Restore:
+			fmt.Fprintf(env.Stdout, "restored the fix of %s: it was %s (duroxide-pg's runner replaced the fix); installed the fix of %s\n", f.Name, f.Definition, f.Fix)
+		case restore.Left:
+			fmt.Fprintf(env.Stdout, "left %s as it is: it is %s, which upstream changed in a way this pack has no fix for yet\n", f.Name, f.Definition)
+		}
+	}
 }
 
 // missingWhat says what a schema lacks for goose ("" when nothing).

@@ -10,9 +10,36 @@ import (
 	"slices"
 	"strconv"
 
+	migrations "github.com/duroxide-pg/migrations"
 	"github.com/duroxide-pg/migrations/harness/ops/migrate"
+	"github.com/duroxide-pg/migrations/harness/ops/restore"
 	"github.com/duroxide-pg/migrations/harness/ops/sqlscript"
 )
+
+// writeRestore writes the restore step for goose version to (default the
+// pack's latest: the text of restore.File) to out (standard output when
+// empty). It reads no database: the statement decides on the database it
+// runs on.
+func writeRestore(env *Env, to, out string) error {
+	version := migrations.Latest()
+	if to != "" {
+		v, err := strconv.ParseInt(to, 10, 64)
+		if err != nil || v < 1 || v > version {
+			return Usagef("--to %q: give a version of the pack, 1..%d", to, version)
+		}
+		version = v
+	}
+	script := restore.Script(version)
+	if out == "" {
+		_, err := fmt.Fprint(env.Stdout, script)
+		return err
+	}
+	if err := os.WriteFile(out, []byte(script), 0o644); err != nil {
+		return Usagef("cannot write %s: %v", out, err)
+	}
+	fmt.Fprintf(env.Stderr, "harness: the restore step at goose version %d written to %s\n", version, out)
+	return nil
+}
 
 // runSQL prints the SQL `harness migrate up|down` would run (package
 // sqlscript), for review and psql.
@@ -26,8 +53,11 @@ func runSQL(ctx context.Context, env *Env, args []string) error {
 	if err != nil {
 		return err
 	}
-	if len(pos) != 1 || (pos[0] != "up" && pos[0] != "down") {
-		return Usagef("sql needs up or down: `harness sql up --dsn DSN [--to N] [-o FILE]` or `harness sql down --to N --dsn DSN`")
+	if len(pos) != 1 || (pos[0] != "up" && pos[0] != "down" && pos[0] != "restore") {
+		return Usagef("sql needs up, down or restore: `harness sql up --dsn DSN [--to N] [-o FILE]`, `harness sql down --to N --dsn DSN` or `harness sql restore [--to N] [-o FILE]`")
+	}
+	if pos[0] == "restore" {
+		return writeRestore(env, *to, *out)
 	}
 	down := pos[0] == "down"
 	var version int64

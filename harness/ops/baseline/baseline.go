@@ -292,11 +292,11 @@ func (h *history) read(rows map[int64]string) error {
 	slices.Sort(h.recorded)
 	known := migrations.UpstreamVersions()
 	for _, v := range h.recorded {
-		u, isUnreleased := fingerprint.UnreleasedAt(v)
+		u, isUnreleased := fingerprint.UnreleasedFile(v, rows[v])
 		switch {
 		case slices.Contains(known, v):
 			h.state = v
-		case isUnreleased && rows[v] == u.File:
+		case isUnreleased:
 			h.unreleased = append(h.unreleased, u)
 		default:
 			h.unknown = append(h.unknown, v)
@@ -332,7 +332,7 @@ func (h history) lines() []string {
 	out := []string{"_duroxide_migrations: duroxide-pg applied upstream versions " + describeVersions(h.recorded, migrations.UpstreamVersions())}
 	for _, u := range h.unreleased {
 		fn := fingerprint.NameOf(u.Function)
-		out = append(out, fmt.Sprintf("upstream %d (%s) is in no release, and the pack knows it: %s; its %s is checked below, and kept by the pack's fixes until %s replaces it with the pack's, which takes the same schema-scoped key",
+		out = append(out, fmt.Sprintf("upstream %d (%s) is in no release, and the pack knows it: %s; its %s is checked below, and `migrate up` installs the pack's fix of it (%s), which keeps upstream's change",
 			u.Version, u.File, u.Note, fn, lastFixOf(fn)))
 	}
 	return out

@@ -10,9 +10,9 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"maps"
 	"math"
-	"strconv"
-	"strings"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -20,6 +20,7 @@ import (
 	migrations "github.com/duroxide-pg/migrations"
 	"github.com/duroxide-pg/migrations/harness/ops/fingerprint"
 	"github.com/duroxide-pg/migrations/harness/ops/migrate"
+	"github.com/duroxide-pg/migrations/harness/ops/restore"
 )
 
 // Severities, in increasing order; a report's status is its worst finding.
@@ -107,11 +108,20 @@ type Report struct {
 
 // Verdicts of a FunctionCheck.
 const (
-	// Fixed: the definition carries the pack's fix.
+	// Fixed: the newest fix of the pack that goose records as applied is
+	// in force.
 	Fixed = "fixed"
-	// Unfixed: upstream's definition (or the pack's port of it), without
-	// the fix.
+	// Replaced: goose records the fix as applied, yet the function holds
+	// another definition the pack knows: duroxide-pg's runner (or someone)
+	// replaced it since. `harness migrate up` puts it back.
+	Replaced = "replaced"
+	// Unfixed: a definition the pack knows, and no fix of it applied yet
+	// (goose has not reached the fix that serves its behaviour).
 	Unfixed = "unfixed"
+	// Left: a definition the pack knows whose behaviour no fix of the
+	// pack serves yet (upstream changed the function in a way this pack
+	// has no fix for): left as it is.
+	Left = "left"
 	// Unknown: neither upstream's nor the pack's (a hand edit, a newer
 	// upstream).
 	Unknown = "unknown"
@@ -119,19 +129,21 @@ const (
 	Missing = "missing"
 )
 
-// FunctionCheck identifies the installed definition of one function that a
-// pack migration fixes.
+// FunctionCheck identifies the installed definition of one function that
+// the pack fixes.
 type FunctionCheck struct {
 	Name string `json:"name"`
-	// FixedBy is the pack migration that fixes it.
+	// FixedBy is the fix migration whose body is in force, would be put
+	// back (Replaced) or installed by `harness migrate up` (Unfixed); empty
+	// when none serves the definition.
 	FixedBy string `json:"fixed_by"`
-	// Verdict is Fixed, Unfixed, Unknown or Missing.
+	// Verdict is Fixed, Replaced, Unfixed, Left, Unknown or Missing.
 	Verdict string `json:"verdict"`
 	// Definition says which one it is: "pack 0021 fix, upstream 20
-	// behaviour", "upstream 19, 20, 21, 23", "pack, as upstream 19".
+	// behaviour", "upstream 20-23", "upstream candidate 0024, port".
 	Definition string `json:"definition,omitempty"`
 	// Note says what an unreleased upstream definition (upstream's
-	// candidate fix) has and lacks.
+	// candidate fix, say) has and lacks.
 	Note string `json:"note,omitempty"`
 	// Fingerprint is the md5 of its source with the schema's name replaced
 	// by @schema@ (as harness/ops/fingerprint computes it).
@@ -243,7 +255,11 @@ func Check(ctx context.Context, q Querier, opts Options) (*Report, error) {
 	}
 
 	// The functions the pack fixes.
-	if r.Functions, err = Functions(ctx, q, s); err != nil {
+	var applied int64
+	if r.GooseVersion != nil {
+		applied = *r.GooseVersion
+	}
+	if r.Functions, err = functions(ctx, q, s, applied); err != nil {
 		return nil, err
 	}
 	for _, f := range r.Functions {
@@ -305,53 +321,113 @@ func abs(x int64) int64 {
 	return x
 }
 
-// Functions identifies, in schema, the definition of every function a fix
-// migration of the pack fixes (migrations.Fixes), by fingerprint.
+// Functions is the check of the functions the pack fixes (see functions)
+// in schema, against the version goose's table (migrate.VersionTable)
+// records.
 func Functions(ctx context.Context, q Querier, schema string) ([]FunctionCheck, error) {
-	installed, err := fingerprint.Take(ctx, q, schema)
+	var v sql.NullInt64
+	table := pgx.Identifier{schema, migrate.VersionTable}.Sanitize()
+	err := q.QueryRowContext(ctx, "SELECT CASE WHEN to_regclass($1) IS NULL THEN NULL ELSE 0 END", table).Scan(&v)
+	if err != nil {
+		return nil, fmt.Errorf("look for goose's table: %w", err)
+	}
+	if v.Valid {
+		if err := q.QueryRowContext(ctx, "SELECT max(version_id) FROM "+table+" WHERE is_applied").Scan(&v); err != nil {
+			return nil, fmt.Errorf("read goose's version: %w", err)
+		}
+	}
+	return functions(ctx, q, schema, v.Int64)
+}
+
+// functions identifies, in schema, the definition of every function a fix
+// migration of the pack fixes, once each, against the fixes goose records
+// as applied (gooseVersion, 0 for none): the restore's plan at that
+// version (package restore) says whether the newest applied fix is in
+// force, was replaced, or serves the definition at all; the plan at the
+// pack's latest names the fix `harness migrate up` would install. A
+// function that only an unreleased upstream migration adds, or that a fix
+// not applied yet adds, is not listed when absent.
+func functions(ctx context.Context, q Querier, schema string, gooseVersion int64) ([]FunctionCheck, error) {
+	now, err := restore.Plan(ctx, q, schema, gooseVersion)
 	if err != nil {
 		return nil, err
 	}
-	added := map[string]bool{} // the functions the pack's own fixes add
-	for _, m := range migrations.Fixes() {
-		for _, a := range m.Adds {
-			if kind, name, _ := strings.Cut(a, " "); kind == "function" {
-				added[name] = true
-			}
-		}
+	latest, err := restore.Plan(ctx, q, schema, migrations.Latest())
+	if err != nil {
+		return nil, err
+	}
+	applied := map[string]restore.Function{}
+	for _, f := range now {
+		applied[f.Name] = f
 	}
 	var out []FunctionCheck
-	for _, m := range migrations.Fixes() {
-		for _, name := range m.Fixes {
-			c := FunctionCheck{Name: name, FixedBy: m.File, Verdict: Missing}
-			var found []fingerprint.Function
-			for _, f := range installed {
-				if f.Name == name {
-					found = append(found, f)
-				}
-			}
-			if len(found) == 0 && added[name] {
+	for _, l := range latest {
+		f, ok := applied[l.Name]
+		if !ok {
+			f = l // no fix of it applied yet
+		}
+		c := FunctionCheck{Name: l.Name, Definition: f.Definition, Fingerprint: f.Fingerprint, Definitions: 1, Note: unreleasedNote(l.Name, f.Fingerprint)}
+		switch {
+		case f.Action == restore.Absent:
+			continue
+		case f.Action == restore.Unknown && f.Fingerprint == "":
+			c.Verdict, c.Definitions = Missing, definitionCount(f.Problem)
+			if _, added := addedBy(l.Name); added && !ok {
 				continue // the fix that adds it is not applied: nothing to check
 			}
-			c.Definitions = len(found)
-			if len(found) == 1 {
-				c.Fingerprint = found[0].Normalized
-				c.Verdict = Unknown
-				if d, ok := fingerprint.Identify(found[0]); ok {
-					c.Definition = d.Label
-					if u, ok := fingerprint.UnreleasedAt(d.BehavesAs); ok {
-						c.Note = u.Note
-					}
-					c.Verdict = Unfixed
-					if fingerprint.FixedFrom(found[0], m.Version) {
-						c.Verdict = Fixed
-					}
-				}
+		case f.Action == restore.Unknown:
+			c.Verdict = Unknown
+		case !ok:
+			c.Verdict, c.FixedBy = Unfixed, l.Fix
+			if l.Action == restore.Left {
+				c.Verdict = Left
 			}
-			out = append(out, c)
+		case f.Action == restore.InForce:
+			c.Verdict, c.FixedBy = Fixed, f.Fix
+		case f.Action == restore.Restore:
+			c.Verdict, c.FixedBy = Replaced, f.Fix
+		case l.Action == restore.Left:
+			c.Verdict = Left
+		default: // left at goose's version, served by a later fix
+			c.Verdict, c.FixedBy = Unfixed, l.Fix
 		}
+		out = append(out, c)
 	}
 	return out, nil
+}
+
+// definitionCount is the number of definitions a restore problem names
+// ("no definition", "2 definitions (overloads)").
+func definitionCount(problem string) int {
+	var n int
+	if _, err := fmt.Sscanf(problem, "%d definitions", &n); err == nil {
+		return n
+	}
+	return 0
+}
+
+// addedBy is the fix migration whose Adds line names function name.
+func addedBy(name string) (migrations.Migration, bool) {
+	for _, m := range migrations.Fixes() {
+		if slices.Contains(m.Adds, "function "+name) {
+			return m, true
+		}
+	}
+	return migrations.Migration{}, false
+}
+
+// unreleasedNote is the note of the unreleased upstream migration whose
+// text of function name has fingerprint fp ("" for none).
+func unreleasedNote(name, fp string) string {
+	if fp == "" {
+		return ""
+	}
+	for _, u := range fingerprint.UnreleasedMigrations() {
+		if fingerprint.NameOf(u.Function) == name && slices.Contains(slices.Collect(maps.Values(u.Fingerprints)), fp) {
+			return u.Note
+		}
+	}
+	return ""
 }
 
 // AllFixed reports whether every function the pack fixes has its fix.
@@ -366,10 +442,12 @@ func AllFixed(fs []FunctionCheck) bool {
 
 // judge adds the finding of one fixed function.
 func judge(f FunctionCheck, s string, r *Report, add func(sev, check, msg, action string)) {
-	fixVersion, _, _ := strings.Cut(f.FixedBy, "_")
-	v, _ := strconv.ParseInt(fixVersion, 10, 64)
 	up := fmt.Sprintf("harness migrate up --schema %s", s)
 	show := fmt.Sprintf("inspect it with `SELECT pg_get_functiondef('%s.%s'::regproc)`", pgx.Identifier{s}.Sanitize(), f.Name)
+	what := f.Definition
+	if f.Note != "" {
+		what += " (" + f.Note + ")"
+	}
 	switch f.Verdict {
 	case Fixed:
 		add(OK, f.Name, fmt.Sprintf("%s (%s)", f.Definition, f.FixedBy), "")
@@ -381,27 +459,18 @@ func judge(f FunctionCheck, s string, r *Report, add func(sev, check, msg, actio
 			action = "drop the ones duroxide-pg does not call (`\\df " + s + "." + f.Name + "` in psql), then re-run doctor"
 		}
 		add(Critical, f.Name, msg, action)
+	case Replaced:
+		add(Warning, f.Name, fmt.Sprintf("%s: duroxide-pg's runner replaced the fix (goose records %s as applied)", what, f.FixedBy),
+			"run `"+up+"`: it puts the fix back (`harness sql up` writes the same for psql; sql/restore/ for the stock goose CLI)")
 	case Unfixed:
-		what := f.Definition
-		if f.Note != "" {
-			what += " (" + f.Note + ")"
-		}
-		applied := r.GooseVersion != nil && *r.GooseVersion >= v
-		if applied {
-			// goose says the fix ran, yet the definition is upstream's:
-			// duroxide-pg's own runner (or someone) replaced it since.
-			action := "run `" + up + "`: a later pack migration re-installs the fix"
-			if *r.GooseVersion >= r.PackLatest {
-				action = fmt.Sprintf("re-apply the Up section of sql/%s in one transaction (it identifies the definition and installs the fix for it), then re-run doctor", f.FixedBy)
-			}
-			add(Warning, f.Name, fmt.Sprintf("%s: duroxide-pg's runner replaced the fix (goose records %s as applied)", what, f.FixedBy), action)
-			return
-		}
 		next := "run `" + up + "`"
 		if r.GooseVersion == nil {
 			next = fmt.Sprintf("run `harness baseline --schema %s` (try --dry-run first), then `%s`", s, up)
 		}
 		add(Warning, f.Name, fmt.Sprintf("%s, without the pack's fix (%s is not applied)", what, f.FixedBy), next)
+	case Left:
+		add(Warning, f.Name, fmt.Sprintf("%s: upstream changed it in a way this pack has no fix for yet; left as it is", what),
+			"nothing to run: a release of the pack that knows the change will fix it (`harness migrate up` then); meanwhile it runs upstream's definition")
 	default:
 		add(Critical, f.Name, fmt.Sprintf("an unknown definition of %s (neither upstream's at any version nor the pack's), e.g. edited by hand or from a newer duroxide-pg", f.Name),
 			show+"; the pack's migrations refuse to replace it, so that nothing undoes a change they do not know: compare it with upstream's and the pack's texts and restore a known one")

@@ -18,6 +18,7 @@ import (
 
 	migrations "github.com/duroxide-pg/migrations"
 	"github.com/duroxide-pg/migrations/harness/ops/doctor"
+	"github.com/duroxide-pg/migrations/harness/ops/fingerprint"
 	"github.com/duroxide-pg/migrations/internal/packfacts"
 	"github.com/duroxide-pg/migrations/internal/testenv/pgtest"
 	"github.com/duroxide-pg/migrations/internal/testenv/testdb"
@@ -75,21 +76,11 @@ func function(r *doctor.Report, name string) doctor.FunctionCheck {
 	return doctor.FunctionCheck{}
 }
 
-// functionFixedBy is the report's entry for function name and the fix
-// migration file (a function two fixes touch has one entry per fix).
-func functionFixedBy(r *doctor.Report, name, file string) doctor.FunctionCheck {
-	for _, f := range r.Functions {
-		if f.Name == name && f.FixedBy == file {
-			return f
-		}
-	}
-	return doctor.FunctionCheck{}
-}
-
 // At every pack version from 19 on, each function a fix migration fixes is
-// reported fixed exactly when goose is at or past that migration, whatever
-// the schema is called; only the latest version is OK.
-func TestEveryFixedFunctionIsIdentifiedAtEveryPackVersion(t *testing.T) {
+// listed once, reported fixed exactly when goose is at or past its first
+// fix (the newest fix goose records is then in force), whatever the schema
+// is called; only the latest version is OK.
+func TestEveryFixedFunctionIsIdentifiedOnceAtEveryPackVersion(t *testing.T) {
 	t.Parallel()
 	latest := migrations.Latest()
 	for v := packfacts.LastContiguousPort(); v <= latest; v++ {
@@ -97,20 +88,36 @@ func TestEveryFixedFunctionIsIdentifiedAtEveryPackVersion(t *testing.T) {
 			d := p.New(t, v)
 			r := check(t, d, openDB(t, d))
 			require.Equal(t, latest, r.PackLatest)
+			listed := map[string]int{}
+			for _, f := range r.Functions {
+				listed[f.Name]++
+			}
 			for _, m := range migrations.Fixes() {
 				for _, name := range m.Fixes {
-					f := functionFixedBy(r, name, m.File)
+					f := function(r, name)
 					if adder, ok := addedBy(name); ok && v < adder.Version {
 						require.Empty(t, f.Verdict, "%s, which %s adds, is not checked at pack %d", name, adder.File, v)
 						continue
 					}
+					if _, ported := fingerprint.PackTexts(packfacts.UpstreamAt(latest))[name]; !ported {
+						if _, added := addedBy(name); !added {
+							require.Empty(t, f.Verdict, "%s, which only an unreleased upstream migration adds, is not listed where absent", name)
+							continue
+						}
+					}
+					require.Equal(t, 1, listed[name], "%s is listed once", name)
+					first, _ := migrations.FixOf(name)
 					want := doctor.Unfixed
-					if v >= m.Version {
+					if v >= first.Version {
 						want = doctor.Fixed
 					}
 					require.Equal(t, want, f.Verdict, "%s at pack %d in schema %q: %+v", name, v, d.Schema, f)
 					require.NotEmpty(t, f.Definition)
-					require.Equal(t, m.File, f.FixedBy)
+					if want == doctor.Fixed {
+						newest, _, ok := migrations.FixFor(name, 19, v)
+						require.True(t, ok)
+						require.Equal(t, newest.File, f.FixedBy, "the newest fix up to %d is in force", v)
+					}
 				}
 			}
 			if v == latest {
@@ -194,7 +201,8 @@ func TestAFixReplacedByDuroxidePgsRunnerIsAWarningThatMigrateUpRemedies(t *testi
 	require.Equal(t, doctor.Warning, ack.Severity)
 	require.Contains(t, ack.Message, "duroxide-pg's runner replaced the fix")
 	require.Contains(t, ack.Action, "harness migrate up")
-	require.Equal(t, doctor.Unfixed, function(r, "ack_orchestration_item").Verdict)
+	require.Equal(t, doctor.Replaced, function(r, "ack_orchestration_item").Verdict)
+	require.Equal(t, 1, strings.Count(fmt.Sprint(r.Functions), "ack_orchestration_item"), "listed once")
 
 	_, err := d.Runner(t).Up(ctx)
 	require.NoError(t, err)

@@ -21,7 +21,8 @@ func severityValue(sev string) int {
 // WritePrometheus writes r in the Prometheus text exposition format, for
 // node_exporter's textfile collector: the overall status, one gauge per
 // check (the worst severity of its findings), one per function the pack
-// fixes (1 when it carries the fix), and the queue and clock figures.
+// fixes (1 when it carries the fix), the fixes duroxide-pg's runner
+// replaced, and the queue and clock figures.
 func (r *Report) WritePrometheus(w io.Writer) error {
 	var b strings.Builder
 	gauge := func(name, help string) {
@@ -54,6 +55,15 @@ func (r *Report) WritePrometheus(w io.Writer) error {
 		fmt.Fprintf(&b, "duroxide_doctor_function_fixed{%s,function=\"%s\",fixed_by=\"%s\",verdict=\"%s\"} %d\n",
 			schema, escapeLabel(f.Name), escapeLabel(f.FixedBy), escapeLabel(f.Verdict), fixed)
 	}
+
+	gauge("duroxide_doctor_fixes_replaced", "Functions whose fix goose records as applied but which hold another definition: duroxide-pg's runner replaced the fix; `harness migrate up` puts it back.")
+	replaced := 0
+	for _, f := range r.Functions {
+		if f.Verdict == Replaced {
+			replaced++
+		}
+	}
+	fmt.Fprintf(&b, "duroxide_doctor_fixes_replaced{%s} %d\n", schema, replaced)
 
 	gauge("duroxide_doctor_max_attempt_count", "Highest attempt_count of any orchestrator message.")
 	fmt.Fprintf(&b, "duroxide_doctor_max_attempt_count{%s} %d\n", schema, r.MaxAttemptCount)

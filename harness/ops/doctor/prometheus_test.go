@@ -18,6 +18,7 @@ func TestPrometheusOutputParsesAndCarriesEveryCheck(t *testing.T) {
 		Functions: []doctor.FunctionCheck{
 			{Name: "fetch_orchestration_item", FixedBy: "0020_fetch_lease_valid_at_return.sql", Verdict: doctor.Fixed},
 			{Name: "ack_orchestration_item", FixedBy: "0021_ack_locks_its_lease.sql", Verdict: doctor.Unfixed},
+			{Name: "fetch_work_item", FixedBy: "0031_worker_fetch_plans_with_its_bound.sql", Verdict: doctor.Replaced},
 		},
 		MaxAttempts: 10, MaxAttemptCount: 57, TrappedMessages: 3, ClockSkewMs: -12,
 		Findings: []doctor.Finding{
@@ -62,6 +63,8 @@ func TestPrometheusOutputParsesAndCarriesEveryCheck(t *testing.T) {
 	require.Equal(t, 1.0, value("duroxide_doctor_check", map[string]string{"check": "trapped"}))
 	require.Equal(t, 1.0, value("duroxide_doctor_function_fixed", map[string]string{"function": "fetch_orchestration_item"}))
 	require.Equal(t, 0.0, value("duroxide_doctor_function_fixed", map[string]string{"function": "ack_orchestration_item", "verdict": "unfixed"}))
+	require.Equal(t, 0.0, value("duroxide_doctor_function_fixed", map[string]string{"function": "fetch_work_item", "verdict": "replaced"}))
+	require.Equal(t, 1.0, value("duroxide_doctor_fixes_replaced", nil), "one fix duroxide-pg's runner replaced")
 	require.Equal(t, 57.0, value("duroxide_doctor_max_attempt_count", nil))
 	require.Equal(t, 3.0, value("duroxide_doctor_trapped_messages", map[string]string{"max_attempts": "10"}))
 	require.Equal(t, -12.0, value("duroxide_doctor_clock_skew_ms", nil))

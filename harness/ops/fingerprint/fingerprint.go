@@ -144,10 +144,13 @@ func UnreleasedMigrations() []Unreleased {
 	return out
 }
 
-// UnreleasedAt returns the unreleased migration of upstream version v.
-func UnreleasedAt(v int64) (Unreleased, bool) {
+// UnreleasedFile returns the unreleased migration a database records as
+// (version, file) in _duroxide_migrations. Upstream's branches number
+// their files independently (two claim 22, two 24): the file name, not
+// the version, says which one a database holds.
+func UnreleasedFile(version int64, file string) (Unreleased, bool) {
 	for _, u := range UnreleasedMigrations() {
-		if u.Version == v {
+		if u.Version == version && u.File == file {
 			return u, true
 		}
 	}

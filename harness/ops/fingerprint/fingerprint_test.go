@@ -17,11 +17,14 @@ import (
 func TestGuardRowsAreWhatTheySay(t *testing.T) {
 	for _, m := range migrations.Fixes() {
 		for _, k := range m.Known {
-			u, unreleased := fingerprint.UnreleasedAt(k.BehavesAs)
+			// Unreleased versions collide (two branch files claim 24): the
+			// migration a row means is the one of its function. The pack's
+			// own texts of that behaviour, fixed or not, are checked below
+			// against the pack's bodies.
+			u, unreleased := unreleasedOf(k.Function, k.BehavesAs)
 			switch {
-			case unreleased:
-				if !slices.Contains(slices.Collect(maps.Values(u.Fingerprints)), k.Fingerprint) || k.Fixed ||
-					fingerprint.NameOf(u.Function) != k.Function {
+			case unreleased && !k.Fixed && !strings.HasPrefix(k.Definition, "pack"):
+				if !slices.Contains(slices.Collect(maps.Values(u.Fingerprints)), k.Fingerprint) {
 					t.Errorf("%s: %s %s is labelled %q (upstream %d, unreleased), but it is not one of that migration's texts %v", m.File, k.Function, k.Fingerprint, k.Definition, k.BehavesAs, u.Fingerprints)
 				}
 			case strings.HasPrefix(k.Definition, "upstream "):
@@ -107,6 +110,17 @@ func TestIdentifyNamesUpstreamVersionsAndRefusesUnknownTexts(t *testing.T) {
 	if d, ok := fingerprint.Identify(fingerprint.Function{Name: "ack_orchestration_item", Identity: "x", Raw: migrations.Definition{Source: "hand edit"}.Fingerprint()}); ok {
 		t.Errorf("a hand-edited body was identified as %+v", d)
 	}
+}
+
+// unreleasedOf is the unreleased upstream migration of version v that
+// changes function fn.
+func unreleasedOf(fn string, v int64) (fingerprint.Unreleased, bool) {
+	for _, u := range fingerprint.UnreleasedMigrations() {
+		if u.Version == v && fingerprint.NameOf(u.Function) == fn {
+			return u, true
+		}
+	}
+	return fingerprint.Unreleased{}, false
 }
 
 func hasFingerprint(fps map[string]string, fn, fp string) bool {

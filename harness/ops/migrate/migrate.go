@@ -23,6 +23,7 @@ import (
 	"github.com/pressly/goose/v3/lock"
 
 	migrations "github.com/duroxide-pg/migrations"
+	"github.com/duroxide-pg/migrations/harness/ops/restore"
 )
 
 // DefaultSchema is the schema migrations go into unless told otherwise.
@@ -39,6 +40,7 @@ type Runner struct {
 	schema      string
 	lockRetries int
 	log         io.Writer
+	restored    []restore.Function
 }
 
 // DefaultLockTimeout is how long a migration waits for a lock before it
@@ -219,16 +221,22 @@ func (r *Runner) DB() *sql.DB { return r.db }
 // Close releases the connections.
 func (r *Runner) Close() error { return r.provider.Close() }
 
-// Up applies every pending migration.
+// Up applies every pending migration, then restores every fix of the
+// pack that duroxide-pg's runner replaced (Restore).
 func (r *Runner) Up(ctx context.Context) ([]*goose.MigrationResult, error) {
 	if err := r.prepare(ctx); err != nil {
 		return nil, err
 	}
 	res, err := r.retryOnLockTimeout(ctx, func() ([]*goose.MigrationResult, error) { return r.provider.Up(ctx) })
-	return res, r.wrapErr("up", err)
+	if err := r.wrapErr("up", err); err != nil {
+		return res, err
+	}
+	return res, r.Restore(ctx)
 }
 
-// UpTo applies pending migrations up to and including version.
+// UpTo applies pending migrations up to and including version, then
+// restores every fix of the pack up to the schema's goose version that
+// duroxide-pg's runner replaced (Restore).
 func (r *Runner) UpTo(ctx context.Context, version int64) ([]*goose.MigrationResult, error) {
 	if err := r.checkVersion(version); err != nil {
 		return nil, err
@@ -237,8 +245,37 @@ func (r *Runner) UpTo(ctx context.Context, version int64) ([]*goose.MigrationRes
 		return nil, err
 	}
 	res, err := r.retryOnLockTimeout(ctx, func() ([]*goose.MigrationResult, error) { return r.provider.UpTo(ctx, version) })
-	return res, r.wrapErr(fmt.Sprintf("up to %d", version), err)
+	if err := r.wrapErr(fmt.Sprintf("up to %d", version), err); err != nil {
+		return res, err
+	}
+	return res, r.Restore(ctx)
 }
+
+// Restore puts back every fix of the pack, up to the schema's goose
+// version, whose function duroxide-pg's runner (or anyone) replaced with a
+// definition the pack knows (package restore): goose's table says which
+// fixes were applied, the live definitions say which are in force. It
+// refuses, changing nothing, when a fixed function holds a definition
+// nobody knows. Up and UpTo run it after goose's migrations; Restored
+// says what it did.
+func (r *Runner) Restore(ctx context.Context) error {
+	r.restored = nil
+	v, err := r.Version(ctx)
+	if err != nil {
+		return err
+	}
+	_, err = r.retryOnLockTimeout(ctx, func() ([]*goose.MigrationResult, error) {
+		plan, err := restore.Apply(ctx, r.db, r.schema, v, LockID(r.schema))
+		r.restored = plan
+		return nil, err
+	})
+	return err
+}
+
+// Restored is what the last Restore (or Up, UpTo) found for each function
+// the pack fixes: those it restored have the action restore.Restore, those
+// it left (a behaviour no fix of the pack serves yet) restore.Left.
+func (r *Runner) Restored() []restore.Function { return r.restored }
 
 // Down rolls back the newest applied migration.
 func (r *Runner) Down(ctx context.Context) (*goose.MigrationResult, error) {

@@ -22,6 +22,7 @@ import (
 
 	migrations "github.com/duroxide-pg/migrations"
 	"github.com/duroxide-pg/migrations/harness/ops/migrate"
+	"github.com/duroxide-pg/migrations/harness/ops/restore"
 )
 
 // Options say which script to write.
@@ -59,6 +60,10 @@ type Plan struct {
 	NewVersionTable bool
 	// Role is Options.Role.
 	Role string
+	// Restore is, going up, what the restore step would do to each fixed
+	// function were it run now (the script decides again when it runs,
+	// after its migrations).
+	Restore []restore.Function
 }
 
 // ErrNothingToDo is returned when the schema is already at the target.
@@ -106,8 +111,16 @@ func Read(ctx context.Context, q Querier, opts Options) (Plan, error) {
 			p.Migrations[i], p.Migrations[j] = p.Migrations[j], p.Migrations[i]
 		}
 	}
-	if len(p.Migrations) == 0 {
-		return p, fmt.Errorf("%w: schema %s is at goose version %d", ErrNothingToDo, opts.Schema, p.From)
+	if !opts.Down && goose && p.From > 0 {
+		if p.Restore, err = restore.Plan(ctx, q, opts.Schema, max(p.From, p.To)); err != nil {
+			return p, err
+		}
+		if err := restore.Refusal(p.Restore); err != nil && len(p.Migrations) == 0 {
+			return p, err
+		}
+	}
+	if len(p.Migrations) == 0 && !restore.Pending(p.Restore) {
+		return p, fmt.Errorf("%w: schema %s is at goose version %d and every fix of the pack is in force", ErrNothingToDo, opts.Schema, p.From)
 	}
 	return p, nil
 }
@@ -215,12 +228,19 @@ $moved$;
 		}
 		fmt.Fprintf(&b, "\n-- ==== %s (%s) ====\nBEGIN;\n%s\n%sCOMMIT;\n", m.File, what, strings.TrimSpace(section), record)
 	}
-	fmt.Fprintf(&b, "\nSELECT pg_advisory_unlock(%d);\n-- End: schema %s at goose version %d.\n", migrate.LockID(p.Schema), p.Schema, p.To)
+	if !p.Down {
+		fmt.Fprintf(&b, "\n-- ==== the restore step (%s): every fix of the pack up to goose version %d that duroxide-pg's runner replaced, installed again ====\nBEGIN;\n%sCOMMIT;\n",
+			restore.File, max(p.From, p.To), restore.Script(max(p.From, p.To)))
+	}
+	fmt.Fprintf(&b, "\nSELECT pg_advisory_unlock(%d);\n-- End: schema %s at goose version %d.\n", migrate.LockID(p.Schema), p.Schema, max(p.From, p.To))
 	_, err := io.WriteString(w, b.String())
 	return err
 }
 
 func fileList(ms []migrations.Migration) string {
+	if len(ms) == 0 {
+		return "none (the restore step only)"
+	}
 	names := make([]string, len(ms))
 	for i, m := range ms {
 		names[i] = m.File

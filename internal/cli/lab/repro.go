@@ -61,6 +61,7 @@ func reproScenarios() []scenario {
 		&workerMinimalRepro{pair: pair},
 		&workerRepro{pair: pair},
 		&runtimeRepro{},
+		upgradeRepro{},
 	}
 }
 

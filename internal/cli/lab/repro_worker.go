@@ -54,9 +54,9 @@ type workerMinimalRepro struct{ pair *workerPair }
 
 func (*workerMinimalRepro) name() string { return "worker-minimal" }
 func (*workerMinimalRepro) summary() string {
-	return "a stale activity lease and a fetch that waits on its session row, at each of two versions"
+	return "a stale activity lease and a fetch that waits on its session row, at each of two versions; and upstream's batched fetch with a stale timestamp, before and after migrate up"
 }
-func (*workerMinimalRepro) needsUpstream() bool { return false }
+func (*workerMinimalRepro) needsUpstream() bool { return true }
 
 func (m *workerMinimalRepro) register(fs *flag.FlagSet) {
 	bug, fix, err := repro.WorkerVersions()
@@ -76,10 +76,22 @@ func (m *workerMinimalRepro) validate(chosen bool) error {
 	return nil
 }
 
+// run runs the pair, then the batched fetch (repro.WorkerBatchedRepro):
+// two parts, each with its verdict.
 func (m *workerMinimalRepro) run(ctx context.Context, in *scenarioRun) (outcome, error) {
 	res, err := repro.WorkerMinimalRepro(ctx, in.db, m.pair.versions)
-	return onePart(reproPart("worker_minimal", res, err, repro.PrintWorkerMinimal,
-		func(r *repro.Report, res repro.WorkerMinimalResults) { r.WorkerMinimal = res }))
+	pair, err := reproPart("worker_minimal", res, err, repro.PrintWorkerMinimal,
+		func(r *repro.Report, res repro.WorkerMinimalResults) { r.WorkerMinimal = res })
+	if err != nil {
+		return outcome{}, err
+	}
+	batched, err := repro.WorkerBatchedRepro(ctx, in.db, in.provider)
+	batch, err := reproPart("worker_batched", batched, err, repro.PrintWorkerBatched,
+		func(r *repro.Report, res repro.WorkerBatchedResults) { r.WorkerBatched = res })
+	if err != nil {
+		return outcome{parts: []part{pair}}, err
+	}
+	return outcome{parts: []part{pair, batch}}, nil
 }
 
 // workerRepro is repro.WorkerRepro: simulated activity workers on the

@@ -19,8 +19,8 @@ func TestWorkerReproUsageErrors(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"repro", "sideways"}, "worker-minimal, worker, runtime or all"},
-		{[]string{"repro", "worker", "extra"}, "[minimal|organic|worker-minimal|worker|runtime|all]"},
+		{[]string{"repro", "sideways"}, "worker-minimal, worker, runtime, upgrade or all"},
+		{[]string{"repro", "worker", "extra"}, "[minimal|organic|worker-minimal|worker|runtime|upgrade|all]"},
 		{[]string{"repro", "worker", "--worker-versions", "19,20"}, fmt.Sprintf("compares versions %d and %d only", bug, fix)},
 		{[]string{"repro", "all", "--worker-versions", fmt.Sprintf("%d,%d", bug, fix-1)}, "worker repro compares"},
 		{[]string{"repro", "worker-minimal", "--worker-versions", fmt.Sprintf("%d,%d", bug, migrations.Latest()+1)}, fmt.Sprintf("between 1 and %d", migrations.Latest())},
@@ -49,6 +49,6 @@ func TestReproHelpListsTheWorkerFlags(t *testing.T) {
 	for _, s := range reproScenarios() {
 		require.Contains(t, out, fmt.Sprintf("  %-15s %s\n", s.name(), s.summary()), "the help lists every repro with what it shows")
 	}
-	require.Equal(t, []string{"minimal", "organic", "worker-minimal", "worker", "runtime"}, reproKinds(), "what `repro all` runs, in order")
+	require.Equal(t, []string{"minimal", "organic", "worker-minimal", "worker", "runtime", "upgrade"}, reproKinds(), "what `repro all` runs, in order")
 	require.Equal(t, repro.Kinds(), reproKinds(), "the lab's repros are the report's, in its order")
 }

@@ -16,7 +16,9 @@ import (
 
 // Kinds are the repros, in the order `harness-lab repro all` runs them and
 // their report shows them.
-func Kinds() []string { return []string{"minimal", "organic", "worker-minimal", "worker", "runtime"} }
+func Kinds() []string {
+	return []string{"minimal", "organic", "worker-minimal", "worker", "runtime", "upgrade"}
+}
 
 // OrganicRepro makes the organic scenario's sides in the database of src
 // (MakeSides, prefix organic; upstream's and the pack's must be among
@@ -79,6 +81,8 @@ type Report struct {
 	Worker        *WorkerResult        `json:"worker,omitempty"`
 	Runtime       *RuntimeResult       `json:"runtime,omitempty"`
 	RuntimePool   *RuntimePoolResult   `json:"runtime_pool,omitempty"`
+	Upgrade       *UpgradeResult       `json:"upgrade,omitempty"`
+	WorkerBatched WorkerBatchedResults `json:"worker_batched,omitempty"`
 	Verdict       map[string]bool      `json:"verdict"`
 }
 
@@ -130,6 +134,9 @@ func (r Report) write(dir string) error {
 	if len(r.WorkerMinimal) > 0 {
 		sections = append(sections, WorkerMinimalMarkdown(r.WorkerMinimal))
 	}
+	if len(r.WorkerBatched) > 0 {
+		sections = append(sections, workerBatchedMarkdown(r.WorkerBatched))
+	}
 	if r.Worker != nil {
 		sections = append(sections, workerMarkdown(*r.Worker))
 	}
@@ -138,6 +145,9 @@ func (r Report) write(dir string) error {
 	}
 	if r.RuntimePool != nil {
 		sections = append(sections, runtimePoolMarkdown(*r.RuntimePool))
+	}
+	if r.Upgrade != nil {
+		sections = append(sections, upgradeMarkdown(*r.Upgrade))
 	}
 	if len(sections) == 0 {
 		return nil

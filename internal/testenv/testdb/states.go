@@ -2,13 +2,16 @@ package testdb
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"slices"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	_ "github.com/jackc/pgx/v5/stdlib" // database/sql's "pgx" driver, for baseline
 
 	migrations "github.com/duroxide-pg/migrations"
+	"github.com/duroxide-pg/migrations/harness/ops/baseline"
 	"github.com/duroxide-pg/migrations/harness/ops/migrate"
 	"github.com/duroxide-pg/migrations/internal/testenv/upstream"
 )
@@ -100,6 +103,51 @@ func (p *Pool) PackThenProvider(t testing.TB, v int64) *Database {
 	provider := upstream.Require(t)
 	return p.NewState(t, fmt.Sprintf("pack-%d-then-provider", v), v, func(ctx context.Context, db *Database) error {
 		return provider.Migrate(ctx, db.Source, db.Schema)
+	})
+}
+
+// AdoptedAtLatest is RealProvider adopted the documented way: `harness
+// baseline`, then `harness migrate up` to the pack's latest (the fixes
+// in force, doctor OK): where a duroxide-pg upgrade finds a database the
+// pack fixed.
+func (p *Pool) AdoptedAtLatest(t testing.TB) *Database {
+	t.Helper()
+	provider := upstream.Require(t)
+	return p.NewState(t, "real-provider-adopted", 0, func(ctx context.Context, db *Database) error {
+		if err := provider.Migrate(ctx, db.Source, db.Schema); err != nil {
+			return err
+		}
+		return adopt(ctx, db)
+	})
+}
+
+// adopt runs baseline, then migrate up to the pack's latest, on db.
+func adopt(ctx context.Context, db *Database) error {
+	conn, err := sql.Open("pgx", db.DSN)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	if _, err := baseline.Run(ctx, conn, baseline.Options{Schema: db.Schema}); err != nil {
+		return fmt.Errorf("baseline: %w", err)
+	}
+	return migrate.To(ctx, db.Source.Config(), db.Schema, migrations.Latest())
+}
+
+// Upgraded is AdoptedAtLatest after a duroxide-pg release that carries
+// upstream's in-flight migration file (our port of it, upstream.InFlight)
+// connected: its runner applied the file over the pack's fixes.
+func (p *Pool) Upgraded(t testing.TB, file string) *Database {
+	t.Helper()
+	provider := upstream.Require(t)
+	return p.NewState(t, "real-provider-adopted-then-"+file, 0, func(ctx context.Context, db *Database) error {
+		if err := provider.Migrate(ctx, db.Source, db.Schema); err != nil {
+			return err
+		}
+		if err := adopt(ctx, db); err != nil {
+			return err
+		}
+		return upstream.ApplyInFlight(ctx, db.Source, db.Schema, file)
 	})
 }
 
