@@ -156,8 +156,8 @@ func runtimeSchemas(t *testing.T, p *upstream.Provider) (src *dbconn.Source, sch
 		{name: "e2e_amended", setAside: []int64{24, 25}},
 		{name: "e2e_amended_adopted", fixed: true, setAside: []int64{24, 25}},
 		{name: "e2e_released_upgrade", fixed: true},
-		{name: "e2e_upgraded_candidate_batched", fixed: true, setAside: []int64{24}},
-		{name: "e2e_upgraded_ack_plan", fixed: true, setAside: []int64{24}},
+		{name: "e2e_upgraded_candidate_batched", fixed: true, setAside: []int64{22, 24}},
+		{name: "e2e_upgraded_ack_plan", fixed: true, setAside: []int64{22, 24}},
 	}
 }
 

@@ -171,8 +171,9 @@ type RuntimeResult struct {
 	ActivityRuns map[string]int `json:"activityRuns,omitempty"`
 	// Logs are the runtime's WARN and ERROR lines, in order.
 	Logs []LogLine `json:"-"`
-	// SetAside lists the versions of _duroxide_migrations (above
-	// AddonNewest: upstream's candidate fix) taken out while the provider
+	// SetAside lists the versions of _duroxide_migrations the addon does
+	// not know (above AddonNewest, and 22: upstream's branch files) taken
+	// out while the provider
 	// connected and put back once it had: the addon refuses a schema that
 	// records a version it does not know.
 	SetAside []int64 `json:"-"`

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -14,8 +15,15 @@ import (
 
 // AddonNewest is the newest upstream version the addon's runner knows
 // (AddonPackage carries 1..21 and 23). It refuses to open a schema that
-// records a later one: "The database schema is ahead of the code".
+// records a version it does not know, a later one or 22 (the number
+// upstream's branches give their files): "has migrations not recognized
+// by this version of the code ... The database schema is ahead of the
+// code".
 const AddonNewest = 23
+
+// addonUnknown is the one version below AddonNewest the addon does not
+// carry.
+const addonUnknown = 22
 
 // connectedLine is what runtime.js writes to stderr, on a line of its own,
 // once the provider has connected (its runner has checked the schema).
@@ -34,8 +42,8 @@ type aside struct {
 	Version []int64
 }
 
-// setAside takes out of schema's _duroxide_migrations the rows of versions
-// above AddonNewest, holding a session lock that serialises set-asides of
+// setAside takes out of schema's _duroxide_migrations the rows of the
+// versions the addon does not know (above AddonNewest, and 22), holding a session lock that serialises set-asides of
 // one schema until restore puts them back. It returns nil when the schema
 // records none.
 func setAside(ctx context.Context, src *dbconn.Source, schema string) (*aside, error) {
@@ -56,7 +64,7 @@ func setAside(ctx context.Context, src *dbconn.Source, schema string) (*aside, e
 		return fail(err)
 	}
 	if exists {
-		rows, err := conn.Query(ctx, "DELETE FROM "+a.table+" WHERE version > $1 RETURNING version, name, applied_at", AddonNewest)
+		rows, err := conn.Query(ctx, "DELETE FROM "+a.table+" WHERE version > $1 OR version = $2 RETURNING version, name, applied_at", AddonNewest, addonUnknown)
 		if err != nil {
 			return fail(err)
 		}
@@ -74,6 +82,7 @@ func setAside(ctx context.Context, src *dbconn.Source, schema string) (*aside, e
 			return fail(err)
 		}
 	}
+	slices.Sort(a.Version)
 	if len(a.rows) == 0 {
 		if err := a.restore(ctx); err != nil {
 			return nil, err
