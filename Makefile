@@ -30,7 +30,7 @@ repro: upstream ## show the bugs and the fixes on a throwaway PostgreSQL: orches
 	@mkdir -p $(OUT)
 	$(LAB) repro all --report $(OUT) --json $(OUT)/repro.json
 
-bench: upstream ## speed side by side in one run: upstream's schema vs the pack's latest with the real runtime, then per fix (0019 vs 0020, worker before and after its fixes, scale 0019 vs the latest), about 8 min; then migrate up under a writer's load at 1,000,000 queued messages, then the rows each queue read reads call after call (generic plans), then where each call's server time goes (upstream, the latest, the latest without its SET search_path clauses or its head upkeep); writes docs/bench/
+bench: upstream ## speed side by side in one run: upstream's schema vs the pack's latest with the real runtime, then per fix (0019 vs 0020, worker before and after its fixes, scale 0019 vs the latest), about 8 min; then migrate up under load (a writer on each queue, at 100,000 and 1,000,000 of each), then the rows each queue read reads call after call (generic plans), then where each call's server time goes (upstream, the latest, the latest without its SET search_path clauses or its head upkeep); writes docs/bench/
 	$(LAB) bench --report docs/bench
 	$(LAB) bench --scenarios migrate-load --report docs/bench
 	$(LAB) bench --scenarios plans --report docs/bench

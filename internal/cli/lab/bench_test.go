@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -42,7 +43,9 @@ func TestBenchUsageErrors(t *testing.T) {
 		{"--scale-idle-duration", "1ms"},
 		{"--hot-lock-timeout", "-1s"},
 		{"--scenarios", "migrate-load", "--migrate-load-rate", "0"},
-		{"--scenarios", "migrate-load", "--migrate-load-instances", "0"},
+		{"--scenarios", "migrate-load", "--migrate-load-per-instance", "0"},
+		{"--scenarios", "migrate-load", "--migrate-load-messages", "1k"},
+		{"--scenarios", "migrate-load", "--migrate-load-messages", "-1"},
 	} {
 		var out, errOut bytes.Buffer
 		code := Run(context.Background(), append([]string{"bench"}, args...), &out, &errOut)
@@ -104,19 +107,27 @@ func TestBenchScaleAtTinySizesPrintsTheScaleTableAndTargets(t *testing.T) {
 	}
 }
 
-// `bench --scenarios migrate-load` at a tiny size: the table on stdout, a
-// row per start state, and the report files; bench.Run's own report is not
-// written when only this scenario runs.
+// `bench --scenarios migrate-load` at two tiny sizes: the table on stdout,
+// a row per start state, size and queue, the targets, and the report
+// files; bench.Run's own report is not written when only this scenario
+// runs.
 func TestBenchMigrateLoadAtATinySize(t *testing.T) {
 	upstream.Require(t)
 	dir := t.TempDir()
-	code, stdout, stderr := run(t, "bench", "--scenarios", "migrate-load", "--migrate-load-messages", "2000",
-		"--migrate-load-instances", "200", "--migrate-load-rate", "50", "--report", dir)
+	code, stdout, stderr := run(t, "bench", "--scenarios", "migrate-load", "--migrate-load-messages", "200,2000",
+		"--migrate-load-per-instance", "10", "--migrate-load-rate", "50", "--report", dir)
 	require.Equal(t, cli.ExitOK, code, "stdout:\n%s\nstderr:\n%s", stdout, stderr)
 	starts, err := migrateload.Starts(func(context.Context, *dbconn.Source, string) error { return nil })
 	require.NoError(t, err)
 	for _, s := range starts {
-		require.Contains(t, stdout, fmt.Sprintf("| %s, to %d | 2000 (200) | 50/s |", s.Name, migrations.Latest()))
+		for _, size := range []string{"200 (20), 200", "2000 (200), 2000"} {
+			for _, q := range migrateload.Queues {
+				require.Regexp(t, fmt.Sprintf(`\| %s, to %d \| %s \| 50/s each \| [0-9.]+ s \| %s \|`, regexp.QuoteMeta(s.Name), migrations.Latest(), regexp.QuoteMeta(size), q), stdout)
+			}
+		}
+		for _, q := range migrateload.Queues {
+			require.Contains(t, stdout, fmt.Sprintf("| %s | %s | longest wait from 200 to 2000 |", s.Name, q), "the targets compare the sizes")
+		}
 	}
 	require.FileExists(t, filepath.Join(dir, migrateload.ReportFile))
 	require.FileExists(t, filepath.Join(dir, migrateload.JSONFile))
