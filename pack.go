@@ -51,6 +51,14 @@ type Migration struct {
 	// Duration is the header's "-- Duration:" paragraph: how long the Up
 	// takes and what that grows with ("" when the file has none).
 	Duration string
+	// DownLocks is the header's "-- Down locks:" paragraph: the locks the
+	// Down takes on the tables that exist before it runs (those the Up
+	// created included), each as "MODE on table", and who waits for them
+	// ("" when the file has none).
+	DownLocks string
+	// DownDuration is the header's "-- Down duration:" paragraph: how long
+	// the Down takes and what that grows with ("" when the file has none).
+	DownDuration string
 	// Up and Down are the file's two sections, as goose runs them.
 	Up, Down string
 	// UpLocks are the LOCK TABLE statements of the Up at its top level, in
@@ -125,7 +133,8 @@ var (
 	// The bookkeeping row a port's Up records for duroxide-pg's runner.
 	upstreamRowRE = regexp.MustCompile(`INSERT INTO _duroxide_migrations \(version, name\)\s+VALUES \((\d+), '([^']+)'\)`)
 	fixesRE       = regexp.MustCompile(`(?m)^-- Fixes: ([a-z_]+(?:, [a-z_]+)*)\s*$`)
-	headerLabelRE = regexp.MustCompile(`^[A-Z][a-z]+: `)
+	// The label of a header paragraph: "Locks: ", "Down locks: ".
+	headerLabelRE = regexp.MustCompile(`^(?:[A-Z][a-z]+|Down [a-z]+): `)
 	costsRE       = regexp.MustCompile(`(?m)^-- Costs: ([a-z_]+(?:, [a-z_]+)*)\s*$`)
 	addsRE        = regexp.MustCompile(`(?m)^-- Adds: ((?:table|index|function|trigger) [a-z_]+(?:, (?:table|index|function|trigger) [a-z_]+)*)\s*$`)
 	leavesRE      = regexp.MustCompile(`(?m)^-- Leaves: ([a-z_]+) as upstream (\d+(?:, \d+)*)\s*$`)
@@ -243,6 +252,8 @@ func parse(file, num, text string) (Migration, error) {
 	m.UpLocks = upLockRE.FindAllString(m.Up, -1)
 	m.Locks = headerParagraph(header, "Locks")
 	m.Duration = headerParagraph(header, "Duration")
+	m.DownLocks = headerParagraph(header, "Down locks")
+	m.DownDuration = headerParagraph(header, "Down duration")
 	switch {
 	case m.IsPort() && m.Costs != nil:
 		return m, fmt.Errorf("%s: a port changes no cost of upstream's, yet it has a -- Costs: line", file)

@@ -269,13 +269,14 @@ func TestEverySquawkExceptionSaysWhy(t *testing.T) {
 var lockModes = []string{"ACCESS SHARE", "ROW SHARE", "ROW EXCLUSIVE", "SHARE UPDATE EXCLUSIVE",
 	"SHARE", "SHARE ROW EXCLUSIVE", "EXCLUSIVE", "ACCESS EXCLUSIVE"}
 
-// The statements of an Up that lock an existing table, with the mode
-// PostgreSQL takes for each (the table is the last group).
+// The statements of an Up or a Down that lock an existing table, with the
+// mode PostgreSQL takes for each (the table is the last group).
 var lockingStatements = []struct {
 	re   *regexp.Regexp
 	mode string // "" : the statement's own (LOCK TABLE)
 }{
 	{regexp.MustCompile(`(?im)^\s*ALTER TABLE (?:IF EXISTS )?(?:ONLY )?(\w+)`), "ACCESS EXCLUSIVE"},
+	{regexp.MustCompile(`(?im)^\s*DROP TABLE (?:IF EXISTS )?(\w+)`), "ACCESS EXCLUSIVE"},
 	{regexp.MustCompile(`(?im)^\s*CREATE (?:UNIQUE )?INDEX (?:IF NOT EXISTS )?\w+\s+ON\s+(\w+)`), "SHARE"},
 	{regexp.MustCompile(`(?im)^\s*CREATE (?:UNIQUE )?INDEX CONCURRENTLY (?:IF NOT EXISTS )?\w+\s+ON\s+(\w+)`), "SHARE UPDATE EXCLUSIVE"},
 	{regexp.MustCompile(`(?im)^\s*CREATE (?:OR REPLACE )?TRIGGER \w+\s+(?:AFTER|BEFORE|INSTEAD OF)[^;]*?\sON\s+(\w+)`), "SHARE ROW EXCLUSIVE"},
@@ -287,71 +288,152 @@ var lockingStatements = []struct {
 
 var (
 	createdTableRE = regexp.MustCompile(`(?i)CREATE TABLE (?:IF NOT EXISTS )?(\w+)`)
-	createdIndexRE = regexp.MustCompile(`(?i)CREATE (?:UNIQUE )?INDEX (?:IF NOT EXISTS )?(\w+)\s+ON\s+(\w+)`)
-	dropIndexRE    = regexp.MustCompile(`(?im)^\s*DROP INDEX (?:IF EXISTS )?(\w+)`)
+	createdIndexRE = regexp.MustCompile(`(?i)CREATE (?:UNIQUE )?INDEX (?:CONCURRENTLY )?(?:IF NOT EXISTS )?(\w+)\s+ON\s+(\w+)`)
+	dropIndexRE    = regexp.MustCompile(`(?im)^\s*DROP INDEX (CONCURRENTLY )?(?:IF EXISTS )?(\w+)`)
 	// A function body, where statements run when the function is called,
 	// not when the migration is.
 	functionBodyRE = regexp.MustCompile(`(?s)CREATE (?:OR REPLACE )?FUNCTION .*?AS \$fn\$.*?\$fn\$`)
 	sqlCommentRE   = regexp.MustCompile(`(?m)--.*$`)
 )
 
-// An operator schedules a migration by what it locks and how long it takes:
-// every file's header says both, and its Locks paragraph names, as "MODE on
-// table", the strongest lock the Up's statements take on each table that
-// existed before it (worked out here from the statements), or says it takes
-// none.
-func TestEveryMigrationSaysWhatItLocksAndHowLongItTakes(t *testing.T) {
-	pack := migrations.MustPack()
-	indexTable := map[string]string{}
+// indexTables maps every index the pack creates to its table.
+func indexTables(pack []migrations.Migration) map[string]string {
+	out := map[string]string{}
 	for _, m := range pack {
 		for _, c := range createdIndexRE.FindAllStringSubmatch(m.Up+m.Down, -1) {
-			indexTable[c[1]] = c[2]
+			out[c[1]] = c[2]
 		}
 	}
+	return out
+}
+
+// sectionLocks works out, from the statements of one section of a
+// migration (its Up or its Down: function bodies and comments aside), the
+// strongest lock it takes on each table that existed before it ran (not
+// one it creates itself, nor upstream's bookkeeping table), by table.
+func sectionLocks(section string, indexTable map[string]string) map[string]string {
+	sql := sqlCommentRE.ReplaceAllString(functionBodyRE.ReplaceAllString(section, ""), "")
+	created := map[string]bool{"_duroxide_migrations": true}
+	for _, c := range createdTableRE.FindAllStringSubmatch(sql, -1) {
+		created[c[1]] = true
+	}
+	strongest := map[string]string{}
+	take := func(table, mode string) {
+		if table == "" || created[table] {
+			return
+		}
+		if slices.Index(lockModes, mode) > slices.Index(lockModes, strongest[table]) {
+			strongest[table] = mode
+		}
+	}
+	for _, st := range lockingStatements {
+		for _, g := range st.re.FindAllStringSubmatch(sql, -1) {
+			if st.mode == "" {
+				take(g[1], strings.ToUpper(g[2]))
+				continue
+			}
+			// The table is the statement's one non-empty group.
+			take(strings.Join(g[1:], ""), st.mode)
+		}
+	}
+	for _, g := range dropIndexRE.FindAllStringSubmatch(sql, -1) {
+		if g[1] != "" {
+			take(indexTable[g[2]], "SHARE UPDATE EXCLUSIVE")
+			continue
+		}
+		take(indexTable[g[2]], "ACCESS EXCLUSIVE")
+	}
+	return strongest
+}
+
+// locksParagraphMisses is what a Locks paragraph (label, for the message)
+// fails to say of the locks a section takes: one complaint per table whose
+// strongest lock it does not name as "MODE on table", or one when the
+// section locks no existing table and the paragraph does not say so.
+func locksParagraphMisses(label, paragraph string, locks map[string]string) []string {
+	if len(locks) == 0 {
+		if !strings.Contains(paragraph, "no table lock") && !strings.Contains(paragraph, "no lock on an existing table") {
+			return []string{fmt.Sprintf("it locks no existing table, and its %s paragraph should say so (\"no table lock\"): %q", label, paragraph)}
+		}
+		return nil
+	}
+	var out []string
+	for _, table := range slices.Sorted(maps.Keys(locks)) {
+		if want := locks[table] + " on " + table; !strings.Contains(paragraph, want) {
+			out = append(out, fmt.Sprintf("it takes %s; the %s paragraph does not say %q: %q", want, label, want, paragraph))
+		}
+	}
+	return out
+}
+
+// hasStatements reports whether a section runs anything (comments and
+// blank lines aside).
+func hasStatements(section string) bool {
+	return strings.TrimSpace(sqlCommentRE.ReplaceAllString(section, "")) != ""
+}
+
+// An operator schedules a migration, and its rollback, by what it locks and
+// how long it takes: every file's header says both for its Up, and for its
+// Down when it has one. Its Locks paragraph names, as "MODE on table", the
+// strongest lock the Up's statements take on each table that existed
+// before it (worked out here from the statements), or says it takes none;
+// its Down locks paragraph does the same for the Down's statements (a
+// table the Up created exists before the Down: its DROP TABLE counts).
+func TestEveryMigrationSaysWhatItLocksAndHowLongItTakes(t *testing.T) {
+	pack := migrations.MustPack()
+	indexTable := indexTables(pack)
 	for _, m := range pack {
 		if m.Locks == "" || m.Duration == "" {
 			t.Errorf("%s: the header needs a -- Locks: and a -- Duration: paragraph (locks %q, duration %q)", m.File, m.Locks, m.Duration)
-			continue
-		}
-		up := sqlCommentRE.ReplaceAllString(functionBodyRE.ReplaceAllString(m.Up, ""), "")
-		created := map[string]bool{"_duroxide_migrations": true}
-		for _, c := range createdTableRE.FindAllStringSubmatch(up, -1) {
-			created[c[1]] = true
-		}
-		strongest := map[string]string{}
-		take := func(table, mode string) {
-			if table == "" || created[table] {
-				return
-			}
-			if slices.Index(lockModes, mode) > slices.Index(lockModes, strongest[table]) {
-				strongest[table] = mode
+		} else {
+			for _, miss := range locksParagraphMisses("Locks", m.Locks, sectionLocks(m.Up, indexTable)) {
+				t.Errorf("%s: its Up: %s", m.File, miss)
 			}
 		}
-		for _, st := range lockingStatements {
-			for _, g := range st.re.FindAllStringSubmatch(up, -1) {
-				if st.mode == "" {
-					take(g[1], strings.ToUpper(g[2]))
-					continue
-				}
-				// The table is the statement's one non-empty group.
-				take(strings.Join(g[1:], ""), st.mode)
-			}
-		}
-		for _, g := range dropIndexRE.FindAllStringSubmatch(up, -1) {
-			take(indexTable[g[1]], "ACCESS EXCLUSIVE")
-		}
-		if len(strongest) == 0 {
-			if !strings.Contains(m.Locks, "no table lock") && !strings.Contains(m.Locks, "no lock on an existing table") {
-				t.Errorf("%s: its Up locks no existing table, and its Locks paragraph should say so (\"no table lock\"): %q", m.File, m.Locks)
+		if !hasStatements(m.Down) {
+			if m.DownLocks != "" || m.DownDuration != "" {
+				t.Errorf("%s: no Down, yet a Down locks or Down duration paragraph", m.File)
 			}
 			continue
 		}
-		for table, mode := range strongest {
-			if want := mode + " on " + table; !strings.Contains(m.Locks, want) {
-				t.Errorf("%s: its Up takes %s; the Locks paragraph does not say %q: %q", m.File, want, want, m.Locks)
-			}
+		if m.DownLocks == "" || m.DownDuration == "" {
+			t.Errorf("%s: the header needs a -- Down locks: and a -- Down duration: paragraph (down locks %q, down duration %q)", m.File, m.DownLocks, m.DownDuration)
+			continue
+		}
+		for _, miss := range locksParagraphMisses("Down locks", m.DownLocks, sectionLocks(m.Down, indexTable)) {
+			t.Errorf("%s: its Down: %s", m.File, miss)
 		}
 	}
+}
+
+// The check above fails on a Down locks paragraph that misses a lock its
+// Down takes, or claims none where it takes one: planted on a file whose
+// Down drops an index and one whose Down drops triggers and a table.
+func TestADownLocksParagraphThatMissesALockFails(t *testing.T) {
+	pack := migrations.MustPack()
+	indexTable := indexTables(pack)
+	checked := 0
+	for _, m := range pack {
+		locks := sectionLocks(m.Down, indexTable)
+		if len(locks) == 0 || m.DownLocks == "" {
+			continue
+		}
+		checked++
+		require.Empty(t, locksParagraphMisses("Down locks", m.DownLocks, locks), "%s as written", m.File)
+		for table, mode := range locks {
+			planted := strings.ReplaceAll(m.DownLocks, mode+" on "+table, "a lock on "+table)
+			require.NotEmpty(t, locksParagraphMisses("Down locks", planted, locks), "%s: %s on %s left out", m.File, mode, table)
+		}
+		require.NotEmpty(t, locksParagraphMisses("Down locks", "no table lock: it only replaces functions", locks), "%s: a Down said to lock nothing", m.File)
+	}
+	require.GreaterOrEqual(t, checked, 5, "Downs that lock tables: 0001, 0003, 0022, 0027, 0032 at least")
+	heads, ok := migrations.ByVersion(27)
+	require.True(t, ok)
+	require.Equal(t, "ACCESS EXCLUSIVE", sectionLocks(heads.Down, indexTable)["orchestrator_queue"], "0027's Down drops the queue's triggers")
+	require.Equal(t, "ACCESS EXCLUSIVE", sectionLocks(heads.Down, indexTable)["orchestrator_queue_heads"], "0027's Down drops the heads, which its Up made")
+	renewal, ok := migrations.ByVersion(32)
+	require.True(t, ok)
+	require.Equal(t, map[string]string{"instance_locks": "ACCESS EXCLUSIVE"}, sectionLocks(renewal.Down, indexTable), "0032's Down drops its index")
 }
 
 // The documents count the objects the pack adds to upstream's catalog ("six
@@ -396,6 +478,37 @@ func TestDocumentsCountTheObjectsThePackAdds(t *testing.T) {
 		}
 	}
 	require.NotZero(t, counted, "no document counts the pack's additions: is the pattern still right?")
+
+	// A fix's own header counts what that fix adds (0027: "one table, two
+	// indexes and six functions ... plus four triggers"), in any sentence
+	// that speaks of upstream's catalog.
+	headerRE := regexp.MustCompile(`(?i)\b(a|one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve|\d+) (tables?|indexes|index|functions?|triggers?)\b`)
+	for _, m := range migrations.Fixes() {
+		own := map[string]int{}
+		for _, a := range m.Adds {
+			kind, _, _ := strings.Cut(a, " ")
+			own[kind]++
+		}
+		raw, err := os.ReadFile(filepath.Join("sql", m.File))
+		require.NoError(t, err)
+		header, _, _ := strings.Cut(string(raw), "-- +goose Up")
+		text := strings.Join(strings.Fields(strings.ReplaceAll(header, "\n--", " ")), " ")
+		for _, sentence := range regexp.MustCompile(`[^.]+\.`).FindAllString(text, -1) {
+			if !strings.Contains(sentence, "catalog") {
+				continue
+			}
+			for _, c := range headerRE.FindAllStringSubmatch(sentence, -1) {
+				n, ok := words[strings.ToLower(c[1])]
+				if !ok {
+					n, _ = strconv.Atoi(c[1])
+				}
+				kind := kinds[strings.ToLower(c[2])]
+				if n != own[kind] {
+					t.Errorf("%s: its header's %q counts %d %s(s); its Adds line adds %d", m.File, strings.TrimSpace(c[0]), n, kind, own[kind])
+				}
+			}
+		}
+	}
 }
 
 // A file that builds or drops an index concurrently runs outside a

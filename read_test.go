@@ -35,3 +35,34 @@ func TestACostsLineIsReadFromAFixAndRefusedOnAPort(t *testing.T) {
 		t.Errorf("a port with a Costs line: got %v, want it refused", err)
 	}
 }
+
+// The four paragraphs an operator schedules by are read apart, each up to
+// the next label, a blank comment line or the end of the header: the Up's
+// Locks and Duration, the Down's "Down locks" and "Down duration".
+func TestTheDownParagraphsAreReadApartFromTheUps(t *testing.T) {
+	fix := "-- 0002_x.sql\n-- Fixes: fetch_orchestration_item\n--\n" +
+		"-- Locks: EXCLUSIVE on orchestrator_queue, to\n-- commit.\n" +
+		"-- Duration: milliseconds.\n" +
+		"-- Down locks: ACCESS EXCLUSIVE on instance_locks\n-- (DROP INDEX).\n" +
+		"-- Down duration: grows with\n-- nothing.\n--\n-- Down restores it.\n" +
+		"-- +goose Up\nSELECT 1;\n-- +goose Down\nSELECT 2;\n"
+	got, err := read(fstest.MapFS{"0002_x.sql": {Data: []byte(fix)}})
+	if err != nil || len(got) != 1 {
+		t.Fatalf("a fix with Down paragraphs: %v, %d migrations", err, len(got))
+	}
+	m := got[0]
+	for name, pair := range map[string][2]string{
+		"Locks":         {m.Locks, "EXCLUSIVE on orchestrator_queue, to commit."},
+		"Duration":      {m.Duration, "milliseconds."},
+		"Down locks":    {m.DownLocks, "ACCESS EXCLUSIVE on instance_locks (DROP INDEX)."},
+		"Down duration": {m.DownDuration, "grows with nothing."},
+	} {
+		if pair[0] != pair[1] {
+			t.Errorf("%s = %q, want %q", name, pair[0], pair[1])
+		}
+	}
+	none, err := read(fstest.MapFS{"0002_x.sql": {Data: []byte("-- Fixes: f\n-- Locks: no table lock.\n-- +goose Up\n-- +goose Down\n")}})
+	if err != nil || none[0].DownLocks != "" || none[0].DownDuration != "" {
+		t.Errorf("a header without Down paragraphs: %v, %+v", err, none)
+	}
+}

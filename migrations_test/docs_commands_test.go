@@ -65,6 +65,7 @@ const (
 	upstream20AsApp // shaped like upstream 20
 	upstream21AsApp // shaped like upstream 21
 	candidateAsApp  // made by the real provider, then upstream's candidate fix (port)
+	trappedAsApp    // trapped, every object owned by role duroxide_app
 	// After an upgrade of duroxide-pg (upgrade_test.go): adopted at the
 	// pack's latest, then upstream's candidate fix applied by its runner
 	// over the pack's fetch.
@@ -125,8 +126,8 @@ var docSpecs = map[string]docSpec{
 	"bin/harness doctor --dsn \"$DSN\" --schema duroxide":                                                                     {state: realUpstream, exits: map[string]int{"doctor": 1}}, // warnings: unfixed, no goose table
 	"bin/harness baseline --dsn \"$DSN\" --schema duroxide --dry-run   # what it would do, and what migrate up would then do": {state: realUpstream},
 	"bin/harness baseline   --dsn \"$ADMIN_DSN\" --schema duroxide --role duroxide_app":                                       {state: realAsApp},
-	"bin/harness migrate plan --dsn \"$DSN\" --schema duroxide          # or --to 21":                                         {state: fresh},
-	"bin/harness sql up --dsn \"$DSN\" --schema duroxide -o duroxide-up.sql      # or --to 21":                                {state: fresh},
+	"bin/harness migrate plan --dsn \"$DSN\" --schema duroxide          # 0.1.26 and earlier: --to 21 (section 3)":            {state: fresh},
+	"bin/harness sql up --dsn \"$DSN\" --schema duroxide -o duroxide-up.sql      # 0.1.26 and earlier: --to 21":               {state: fresh},
 	"export GOOSE_DRIVER=postgres": {state: fresh},
 	"bin/harness migrate up --dsn \"postgres://duroxide_owner@db-host:5432/app\" --schema duroxide   # direct: 5432": {state: fresh},
 	"bin/harness doctor --dsn \"$DSN\" --schema duroxide            # expect OK, every fixed function \"fixed\"":     {state: latest, interrupt: []string{"--watch"}},
@@ -135,21 +136,22 @@ var docSpecs = map[string]docSpec{
 	"bin/harness doctor --dsn \"$DSN\" --schema duroxide --reset-attempts INSTANCE...          # dry run": {state: trapped},
 	// docs/RUNTIME.md
 	"make upstream": {state: fresh},
-	"echo '{\"dsn\":\"postgres://...\",\"schema\":\"trial\",\"scenarios\":[{\"name\":\"fanout\",\"count\":500}]}' \\": {state: fresh, whole: true, prints: `"status":"Completed"`},
-	"bin/harness migrate down --dsn \"$DSN\" --schema duroxide --to 21   # back to upstream 19's schema, fixes kept":  {state: latest},
+	"echo '{\"dsn\":\"postgres://...\",\"schema\":\"trial\",\"scenarios\":[{\"name\":\"fanout\",\"count\":500}]}' \\":    {state: fresh, whole: true, prints: `"status":"Completed"`},
+	"bin/harness migrate plan --dsn \"$DSN\" --schema duroxide --to 24   # the down path: each Down, its locks and time": {state: latest},
 	// docs/RUNBOOKS.md: each runbook on its state, as the application's
 	// role owns it; each rollback after its runbook's adoption.
 	"# runbook 1..19: duroxide-pg 0.1.26 and earlier; stop at goose 21":        {state: upstream19AsApp, exits: runbookExits(1)},
 	"# rollback 1..19: to goose 19":                                            {state: upstream19AsApp, setup: runbookAdoption("--to 21"), keepsRecorded: true},
 	"# runbook 1..20: duroxide-pg 0.1.27":                                      {state: upstream20AsApp, exits: runbookExits(0)},
 	"# rollback 1..20: to goose 22":                                            {state: upstream20AsApp, setup: runbookAdoption(""), keepsRecorded: true},
-	"# runbook 1..21: duroxide-pg 0.1.28 and later, before upstream 23":        {state: upstream21AsApp, exits: runbookExits(0)},
+	"# runbook 1..21: duroxide-pg 0.1.28 to 0.1.33":                            {state: upstream21AsApp, exits: runbookExits(0)},
 	"# rollback 1..21: to goose 23":                                            {state: upstream21AsApp, setup: runbookAdoption(""), keepsRecorded: true},
 	"# runbook 1..21 and 23: duroxide-pg 0.1.35 and releases with upstream 23": {state: realAsApp, exits: runbookExits(0)},
 	"# rollback 1..21 and 23: to goose 24":                                     {state: realAsApp, setup: runbookAdoption(""), keepsRecorded: true},
 	"# runbook candidate: a release with upstream's candidate fix":             {state: candidateAsApp, exits: runbookExits(0)},
 	"# rollback candidate: to goose 29":                                        {state: candidateAsApp, setup: runbookAdoption(""), keepsRecorded: true},
 	"# after an upgrade: duroxide-pg's runner replaced a fix":                  {state: replacedAsApp, exits: map[string]int{"# replaced: exit 1": 1}, keepsRecorded: true, allFixed: true},
+	"# after the fixes: messages the bug trapped":                              {state: trappedAsApp, exits: map[string]int{"# trapped: exit 1": 1}, allFixed: true},
 	// docs/OPERATIONS.md, the restore step with psql and the stock goose CLI.
 	"psql -v ON_ERROR_STOP=1 -c 'SET search_path TO duroxide' -f sql/restore/0001_restore_fixes.sql \"$DSN\"": {state: replaced, keepsRecorded: true, allFixed: true},
 }
@@ -217,7 +219,7 @@ func docDB(t *testing.T, state docState) (dsn string, db *testdb.Database) {
 	t.Helper()
 	ctx := context.Background()
 	switch state {
-	case latest, trapped:
+	case latest, trapped, trappedAsApp:
 		db = dbs.New(t, testdb.Latest)
 	case upstream19AsApp, upstream20AsApp, upstream21AsApp:
 		db = dbs.UpstreamShaped(t, map[docState]int64{upstream19AsApp: 19, upstream20AsApp: 20, upstream21AsApp: 21}[state])
@@ -234,12 +236,15 @@ func docDB(t *testing.T, state docState) (dsn string, db *testdb.Database) {
 		db = dbs.New(t, 0)
 	}
 	switch state {
-	case trapped:
+	case trapped, trappedAsApp:
 		conn, err := pgx.Connect(ctx, db.DSN)
 		require.NoError(t, err)
 		defer conn.Close(ctx)
 		_, err = conn.Exec(ctx, "INSERT INTO "+db.Qualify("orchestrator_queue")+" (instance_id, work_item, visible_at, created_at, attempt_count) VALUES ('docs-instance-1', '{}', now(), now(), 50)")
 		require.NoError(t, err)
+		if state == trappedAsApp {
+			ownByApp(t, db)
+		}
 	case realUpstream:
 		require.NoError(t, upstream.Require(t).Migrate(ctx, db.Source, "duroxide"))
 	case realAsApp:

@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -204,6 +205,58 @@ func TestSQLScriptStoppedHalfWayLeavesTheLastCommittedMigration(t *testing.T) {
 	require.NoError(t, openSQL(t, db).QueryRowContext(context.Background(), "SELECT max(version_id) FROM "+db.Qualify(migrate.VersionTable)).Scan(&v))
 	require.Equal(t, third.Version-1, v, "the two migrations before %s committed, each in its own transaction", third.File)
 	require.Equal(t, endState(t, dbs.New(t, third.Version-1)), endState(t, db))
+	out, err = runPsql(t, db, script(t, db, false, 0))
+	require.NoError(t, err, out)
+	require.Equal(t, endState(t, dbs.New(t, migrations.Latest())), endState(t, db))
+}
+
+// TestSQLScriptStopsOnALockItWaitedTooLongFor: the script bounds every wait
+// for a lock (--lock-timeout, set before its first statement that takes
+// one). A writer of the queue holding its transaction open keeps 0029 (which
+// takes EXCLUSIVE on orchestrator_queue) from starting: psql stops with
+// SQLSTATE 55P03 after the bound, instead of holding every later writer
+// behind the migration's wait, and the migration before it stays committed
+// and recorded. A script written again from there finishes the job.
+func TestSQLScriptStopsOnALockItWaitedTooLongFor(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	scoped, ok := migrations.FixOf("orchestrator_queue_head_offer")
+	require.True(t, ok)
+	locker := scoped
+	for _, m := range migrations.Fixes() {
+		if slices.Contains(m.Fixes, "orchestrator_queue_head_offer") && strings.Contains(m.Locks, "EXCLUSIVE on orchestrator_queue") {
+			locker = m // the first fix that holds the queue's writers off
+			break
+		}
+	}
+	require.Contains(t, locker.Locks, "EXCLUSIVE on orchestrator_queue", "%s takes EXCLUSIVE on the queue", locker.File)
+	start := locker.Version - 2
+	db := dbs.New(t, start)
+	plan, err := sqlscript.Read(ctx, openSQL(t, db), sqlscript.Options{Schema: db.Schema, LockTimeout: 300 * time.Millisecond})
+	require.NoError(t, err)
+	var b bytes.Buffer
+	require.NoError(t, sqlscript.Write(&b, plan))
+	text := b.String()
+	first := strings.Index(text, "SET lock_timeout = '300ms';")
+	require.Positive(t, first, "the script sets its bound")
+	require.Less(t, first, strings.Index(text, "SELECT pg_advisory_lock("), "before the migration lock")
+	require.Less(t, first, strings.Index(text, "\n-- ==== "), "before the first migration")
+
+	// A writer of the queue, its transaction open: ROW EXCLUSIVE on it.
+	writer, err := openSQL(t, db).BeginTx(ctx, nil)
+	require.NoError(t, err)
+	defer writer.Rollback() //nolint:errcheck // rolled back at the end
+	_, err = writer.ExecContext(ctx, "LOCK TABLE "+db.Qualify("orchestrator_queue")+" IN ROW EXCLUSIVE MODE")
+	require.NoError(t, err)
+
+	out, err := runPsql(t, db, text, "-v", "VERBOSITY=verbose")
+	require.Error(t, err, "psql stops")
+	require.Contains(t, out, "55P03: canceling statement due to lock timeout", "the lock timeout's SQLSTATE:\n%s", out)
+	var v int64
+	require.NoError(t, openSQL(t, db).QueryRowContext(ctx, "SELECT max(version_id) FROM "+db.Qualify(migrate.VersionTable)).Scan(&v))
+	require.Equal(t, locker.Version-1, v, "the migration before %s stays committed and recorded", locker.File)
+	require.NoError(t, writer.Rollback())
+
 	out, err = runPsql(t, db, script(t, db, false, 0))
 	require.NoError(t, err, out)
 	require.Equal(t, endState(t, dbs.New(t, migrations.Latest())), endState(t, db))

@@ -25,6 +25,14 @@
 -- Locks: no lock on an existing table: it creates the schema's tables in a
 -- new, empty schema.
 -- Duration: milliseconds, whatever the tables hold.
+--
+-- Down locks: ACCESS EXCLUSIVE on instance_locks, ACCESS EXCLUSIVE on
+-- worker_queue, ACCESS EXCLUSIVE on orchestrator_queue, ACCESS EXCLUSIVE on
+-- history, ACCESS EXCLUSIVE on executions, ACCESS EXCLUSIVE on instances, to
+-- commit (DROP TABLE, _duroxide_migrations included): every read and write of
+-- the schema waits, and every row in it is gone.
+-- Down duration: milliseconds, whatever the tables hold: no row is read (a
+-- dropped table's files go at commit).
 
 -- squawk-ignore-file ban-drop-table, prefer-identity -- upstream's own statements (its history 1..19 re-written for goose: the catalog must be the one upstream's runner makes; a Down undoes its Up)
 -- +goose Up

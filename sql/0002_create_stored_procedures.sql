@@ -44,6 +44,10 @@
 -- Locks: no table lock: it only replaces functions (a call in flight finishes
 -- on the old text, the next call uses the new one).
 -- Duration: milliseconds, whatever the tables hold.
+--
+-- Down locks: no table lock: it only drops functions (a call in flight
+-- finishes; the next call of a dropped function fails).
+-- Down duration: milliseconds, whatever the tables hold.
 
 -- +goose Up
 

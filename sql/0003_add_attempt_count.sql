@@ -14,6 +14,12 @@
 -- write of the queues waits.
 -- Duration: milliseconds, whatever the queues hold: a constant default is a
 -- catalog change, no table is rewritten.
+--
+-- Down locks: ACCESS EXCLUSIVE on worker_queue, ACCESS EXCLUSIVE on
+-- orchestrator_queue, to commit (DROP COLUMN attempt_count): every read and
+-- write of the queues waits.
+-- Down duration: milliseconds, whatever the queues hold: a dropped column is a
+-- catalog change, no table is rewritten.
 
 -- squawk-ignore-file ban-drop-column, prefer-bigint-over-int -- upstream's own statements (its history 1..19 re-written for goose: the catalog must be the one upstream's runner makes; a Down undoes its Up)
 -- +goose Up

@@ -34,6 +34,12 @@
 -- idx_instances_parent built under that lock): every read and write of
 -- instances waits.
 -- Duration: grows with the rows of instances (the index build).
+--
+-- Down locks: ACCESS EXCLUSIVE on instances, to commit (DROP INDEX
+-- idx_instances_parent, DROP COLUMN parent_instance_id): every read and write
+-- of instances waits; it also replaces functions.
+-- Down duration: milliseconds, whatever instances holds: dropping an index or
+-- a column reads no row.
 
 -- squawk-ignore-file ban-drop-column, require-concurrent-index-creation, require-concurrent-index-deletion -- upstream's own statements (its history 1..19 re-written for goose: the catalog must be the one upstream's runner makes; a Down undoes its Up)
 -- +goose Up

@@ -34,6 +34,13 @@
 -- Duration: grows with the rows of the five tables, history usually the
 -- largest: each is read in full twice (the backfill's scan, SET NOT NULL's
 -- check), and rows with a NULL are rewritten.
+--
+-- Down locks: ACCESS EXCLUSIVE on worker_queue, ACCESS EXCLUSIVE on
+-- orchestrator_queue, ACCESS EXCLUSIVE on history, ACCESS EXCLUSIVE on
+-- executions, ACCESS EXCLUSIVE on instances, each to commit (DROP NOT NULL,
+-- SET DEFAULT): every read and write of the five tables waits.
+-- Down duration: milliseconds, whatever the tables hold: dropping NOT NULL and
+-- setting a default are catalog changes, no row is read.
 
 -- squawk-ignore-file adding-not-nullable-field, ban-drop-not-null -- upstream's own statements (its history 1..19 re-written for goose: the catalog must be the one upstream's runner makes; a Down undoes its Up)
 -- +goose Up

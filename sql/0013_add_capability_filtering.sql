@@ -38,6 +38,11 @@
 -- default).
 -- Duration: milliseconds, whatever executions holds: the columns are a catalog
 -- change.
+--
+-- Down locks: ACCESS EXCLUSIVE on executions, to commit (three DROP COLUMN):
+-- every read and write of executions waits; it also replaces functions.
+-- Down duration: milliseconds, whatever executions holds: a dropped column is
+-- a catalog change.
 
 -- squawk-ignore-file ban-drop-column, prefer-bigint-over-int -- upstream's own statements (its history 1..19 re-written for goose: the catalog must be the one upstream's runner makes; a Down undoes its Up)
 -- +goose Up

@@ -39,6 +39,12 @@
 -- then idx_worker_queue_session_id built under that lock); it creates the
 -- table sessions.
 -- Duration: grows with worker_queue's rows (the index build).
+--
+-- Down locks: ACCESS EXCLUSIVE on sessions (DROP TABLE: the session leases are
+-- gone), ACCESS EXCLUSIVE on worker_queue (DROP INDEX
+-- idx_worker_queue_session_id, DROP COLUMN session_id), to commit: every read
+-- and write of both waits; it also replaces functions.
+-- Down duration: milliseconds, whatever the tables hold: no row is read.
 
 -- squawk-ignore-file ban-drop-column, ban-drop-table, require-concurrent-index-creation, require-concurrent-index-deletion -- upstream's own statements (its history 1..19 re-written for goose: the catalog must be the one upstream's runner makes; a Down undoes its Up)
 -- +goose Up

@@ -25,6 +25,12 @@
 -- constant default).
 -- Duration: milliseconds, whatever instances holds: the columns are a catalog
 -- change.
+--
+-- Down locks: ACCESS EXCLUSIVE on instances, to commit (two DROP COLUMN: the
+-- custom statuses are gone): every read and write of instances waits; it also
+-- replaces functions.
+-- Down duration: milliseconds, whatever instances holds: a dropped column is a
+-- catalog change.
 
 -- squawk-ignore-file ban-drop-column, prefer-bigint-over-int -- upstream's own statements (its history 1..19 re-written for goose: the catalog must be the one upstream's runner makes; a Down undoes its Up)
 -- +goose Up

@@ -29,6 +29,12 @@
 -- Locks: ACCESS EXCLUSIVE on worker_queue, to commit (ADD COLUMN tag, then
 -- idx_worker_queue_tag built under that lock).
 -- Duration: grows with worker_queue's rows (the index build).
+--
+-- Down locks: ACCESS EXCLUSIVE on worker_queue, to commit (DROP INDEX
+-- idx_worker_queue_tag, DROP COLUMN tag): every read and write of the worker
+-- queue waits; it also replaces functions.
+-- Down duration: milliseconds, whatever worker_queue holds: dropping an index
+-- or a column reads no row.
 
 -- squawk-ignore-file ban-drop-column, require-concurrent-index-creation, require-concurrent-index-deletion -- upstream's own statements (its history 1..19 re-written for goose: the catalog must be the one upstream's runner makes; a Down undoes its Up)
 -- +goose Up

@@ -36,6 +36,11 @@
 -- Locks: no lock on an existing table: it creates kv_store and its index, and
 -- replaces functions.
 -- Duration: milliseconds, whatever the tables hold.
+--
+-- Down locks: ACCESS EXCLUSIVE on kv_store, to commit (DROP TABLE: the KV
+-- values are gone): every read and write of kv_store waits; it also replaces
+-- functions.
+-- Down duration: milliseconds, whatever kv_store holds: no row is read.
 
 -- squawk-ignore-file ban-drop-table -- upstream's own statements (its history 1..19 re-written for goose: the catalog must be the one upstream's runner makes; a Down undoes its Up)
 -- +goose Up

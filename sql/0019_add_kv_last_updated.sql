@@ -30,6 +30,12 @@
 -- default), and replaces functions.
 -- Duration: milliseconds, whatever kv_store holds: a constant default is a
 -- catalog change.
+--
+-- Down locks: ACCESS EXCLUSIVE on kv_store, to commit (DROP COLUMN
+-- last_updated_at_ms): every read and write of kv_store waits; it also
+-- replaces functions.
+-- Down duration: milliseconds, whatever kv_store holds: a dropped column is a
+-- catalog change.
 
 -- squawk-ignore-file ban-drop-column -- upstream's own statements (its history 1..19 re-written for goose: the catalog must be the one upstream's runner makes; a Down undoes its Up)
 -- +goose Up

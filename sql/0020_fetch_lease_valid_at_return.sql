@@ -100,6 +100,10 @@
 -- Locks: no table lock: it only replaces functions (a call in flight finishes
 -- on the old text, the next call uses the new one).
 -- Duration: milliseconds, whatever the tables hold.
+--
+-- Down locks: no table lock: it only replaces a function (a call in flight
+-- finishes on the old text, the next call uses the new one).
+-- Down duration: milliseconds, whatever the tables hold.
 
 -- +goose Up
 -- +goose StatementBegin

@@ -56,6 +56,16 @@
 -- Locks: no lock on an existing table: it creates kv_delta (unless upstream's
 -- runner did) and replaces functions.
 -- Duration: milliseconds, whatever the tables hold.
+--
+-- Down locks: ROW EXCLUSIVE on kv_store while kv_delta is folded into it (an
+-- upsert and a delete: writers of other keys go on, a write of a key it folds
+-- waits for its commit), ACCESS EXCLUSIVE on kv_delta, to commit (DROP TABLE,
+-- after the fold: it waits for every transaction that has read or written
+-- kv_delta, and the acks and KV reads of this version, which use it, wait
+-- behind it); it reads instances (nothing waits) and replaces functions.
+-- Down duration: grows with kv_delta's rows (the fold reads each once and
+-- writes or deletes one kv_store row per key); milliseconds on an empty
+-- kv_delta.
 
 -- squawk-ignore-file ban-drop-table -- the port's Down drops the table its Up (upstream's 20) added
 -- +goose Up

@@ -35,6 +35,10 @@
 -- Locks: no table lock: it only replaces functions (a call in flight finishes
 -- on the old text, the next call uses the new one).
 -- Duration: milliseconds, whatever the tables hold.
+--
+-- Down locks: no table lock: it only drops get_instance_stats and replaces
+-- cleanup_schema (a call in flight finishes on the old text).
+-- Down duration: milliseconds, whatever the tables hold.
 
 -- +goose Up
 -- +goose StatementBegin

@@ -81,7 +81,7 @@
 -- uncontended cell); what it buys is a fetch whose cost does not grow with
 -- blocked messages or completed instances.
 --
--- The deviation from upstream's catalog is one table, one index and six
+-- The deviation from upstream's catalog is one table, two indexes and six
 -- functions (the two helpers and four trigger functions), plus four
 -- triggers on orchestrator_queue. upstream's own functions never read the
 -- table and keep working with the triggers in place; upstream's
@@ -124,13 +124,26 @@
 -- EXCLUSIVE on orchestrator_queue for the milliseconds the triggers take to
 -- create (it waits for the transactions writing the queue; new writers
 -- wait for it; reads go on), row locks on the heads each backfill batch
--- writes, to its commit. Down: ACCESS EXCLUSIVE on orchestrator_queue for
--- each DROP TRIGGER (milliseconds each).
+-- writes, to its commit.
 -- Duration: grows with orchestrator_queue's rows (the index build and the
 -- backfill each read every message: 1.4 s from goose 26 to 31 with
 -- 1,000,000 messages over 100,000 instances on PostgreSQL 15, the longest
 -- write wait 3 ms, docs/bench/migrate-load.md), while writers of the queue
 -- wait only for the trigger step.
+--
+-- Down locks: outside a transaction, each statement on its own: ACCESS
+-- EXCLUSIVE on orchestrator_queue for each of the four DROP TRIGGER, for the
+-- milliseconds each takes (each waits for every transaction that has read or
+-- written the queue to end, and the fetches, acks and enqueues that come after
+-- it wait behind it); SHARE UPDATE EXCLUSIVE on orchestrator_queue while
+-- idx_orch_instance_head is dropped concurrently (neither reads nor writes
+-- wait; the drop waits for the transactions using the queue); ACCESS EXCLUSIVE
+-- on orchestrator_queue_heads (DROP TABLE, once no trigger writes it and the
+-- fetch no longer reads it).
+-- Down duration: milliseconds a statement, whatever the queue holds, once the
+-- transactions each waits for have ended: no row is read or written.
+-- Interrupted, the next `migrate down` runs it again from its first statement
+-- (each is IF EXISTS, or installs the same text).
 
 -- squawk-ignore-file ban-concurrent-index-creation-in-transaction -- this file is NO TRANSACTION (goose runs each statement on its own), which .squawk.toml's assume_in_transaction does not see
 -- squawk-ignore-file ban-drop-table, require-concurrent-index-creation -- idx_orch_heads_order is built on orchestrator_queue_heads, which this migration creates, before any trigger writes it; the Down drops the pack's own heads table

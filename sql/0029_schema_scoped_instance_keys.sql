@@ -52,6 +52,13 @@
 -- knows, and refuses (SQLSTATE 55000, nothing changed) while
 -- _duroxide_migrations records upstream's candidate fix or the amended
 -- one: going below 0029 would then undo the candidate's schema-scoped key.
+--
+-- Down locks: EXCLUSIVE on orchestrator_queue from the LOCK TABLE to the
+-- commit, as the Up: it waits for the transactions that write or row-lock the
+-- queue, then keeps new ones out while three functions are replaced; plain
+-- reads go on; no row is read or written.
+-- Down duration: milliseconds, whatever the queue holds, once the transactions
+-- it waits for have ended.
 
 -- +goose Up
 -- +goose StatementBegin

@@ -85,6 +85,13 @@
 --
 -- Down restores 0029's helpers and 0027's delete trigger over any
 -- definition the Up knows, under the same lock, and refuses an unknown one.
+--
+-- Down locks: EXCLUSIVE on orchestrator_queue from the LOCK TABLE to the
+-- commit, as the Up: it waits for the transactions that write or row-lock the
+-- queue, then keeps new ones out while the helpers and the delete trigger's
+-- function are replaced; plain reads go on; no row is read or written.
+-- Down duration: milliseconds, whatever the queue holds, once the transactions
+-- it waits for have ended.
 
 -- +goose Up
 -- +goose StatementBegin

@@ -56,6 +56,10 @@
 -- records upstream's branch fix (0022_fix_fetch_work_item_generic_plan.sql,
 -- whatever its version): going below 0031 would give its cached plan back
 -- the cliff that file removed.
+--
+-- Down locks: no table lock: it only replaces a function (a call in flight
+-- finishes on the old text, the next call uses the new one).
+-- Down duration: milliseconds, whatever the tables hold.
 
 -- +goose Up
 -- +goose StatementBegin

@@ -30,16 +30,29 @@
 -- again); anything else fails with SQLSTATE 55000 naming the function,
 -- and nothing is changed.
 --
--- Locks: SHARE on instance_locks while the index is built (CREATE INDEX):
+-- Locks: SHARE on instance_locks, to commit, while the index is built
+-- (CREATE INDEX, in the transaction that installs the renewal reading it):
 -- the fetches, acks, renewals and abandons of orchestrations, which write
--- lock rows, wait for the build; reads go on. The table holds the leases
--- of instances being processed, and of instances whose worker stopped
--- before its ack, not the queue or the history.
--- Duration: proportional to the rows of instance_locks; milliseconds for
--- thousands of leases.
+-- lock rows, wait for the build; reads go on. No writer of either queue
+-- waits: enqueue_orchestrator_work, enqueue_worker_work and the worker
+-- queue's fetch and ack never touch instance_locks. A build that holds
+-- writers is fine here, where it would not be on a queue: instance_locks
+-- is no backlog, it holds a row per instance under a lease (and per
+-- instance whose lease ran out before its ack, until its next fetch), so
+-- the build's time grows with the instances the dispatchers hold at once,
+-- not with the messages or work items queued.
+-- Duration: proportional to the rows of instance_locks (the leases held at
+-- once, not the queues' backlog); milliseconds for thousands of leases.
 --
 -- Down restores 0026's fix and drops the index, refusing an unknown
 -- definition as the Up.
+--
+-- Down locks: ACCESS EXCLUSIVE on instance_locks, to commit (DROP INDEX
+-- idx_instance_locks_lock_token): it waits for every transaction that has read
+-- or written the leases to end, and the orchestration fetches, acks, renewals
+-- and abandons that come after it wait behind it; it also replaces a function.
+-- Down duration: milliseconds, whatever instance_locks holds: dropping an
+-- index reads no row.
 
 -- squawk-ignore-file require-concurrent-index-creation, require-concurrent-index-deletion -- instance_locks holds one row per live or abandoned lease, so its build is short, and a build CONCURRENTLY cannot run in the transaction that makes the index and the function that reads it appear together
 

@@ -103,6 +103,11 @@
 -- Locks: no table lock: it only replaces a function (a call in flight
 -- finishes on the old text, the next call uses the new one).
 -- Duration: milliseconds, whatever the tables hold.
+--
+-- Down locks: no table lock: it only replaces a function, where the schema has
+-- fetch_work_items (a call in flight finishes on the old text, the next call
+-- uses the new one).
+-- Down duration: milliseconds, whatever the tables hold.
 
 -- +goose Up
 -- +goose StatementBegin

@@ -95,7 +95,9 @@ func TestBadInputIsRefusedAndLeavesTheCatalogAsItWas(t *testing.T) {
 	for _, c := range commands {
 		label := strings.Join(c, " ")
 		with := func(args ...string) []string { return append(slices.Clone(c), args...) }
-		unreachable := ExitUsage
+		// A server that refuses the connection: not bad input (doctor:
+		// critical). A role that does not exist: bad input, everywhere.
+		unreachable, roleRefused := ExitUnavailable, ExitUsage
 		if c[0] == "doctor" {
 			unreachable = exitCritical
 		}
@@ -108,7 +110,7 @@ func TestBadInputIsRefusedAndLeavesTheCatalogAsItWas(t *testing.T) {
 			badInput{label + ": a schema with a control character", with("--dsn", dsn, "--schema", "dx\tb"), 0, "control character"},
 			badInput{label + ": an empty role", with("--dsn", dsn, "--role", ""), 0, "--role is empty"},
 			badInput{label + ": a role over 63 bytes", with("--dsn", dsn, "--role", long), 0, "--role"},
-			badInput{label + ": a role that does not exist", with("--dsn", dsn, "--role", "no_such_role"), unreachable, `role "no_such_role" does not exist`},
+			badInput{label + ": a role that does not exist", with("--dsn", dsn, "--role", "no_such_role"), roleRefused, `role "no_such_role" does not exist`},
 			badInput{label + ": a DSN that does not parse", with("--dsn", "postgres://[::1"), 0, "DSN"},
 			badInput{label + ": a DSN whose server refuses", with("--dsn", refusedDSN), unreachable, `database "no_such_database" does not exist`},
 		)

@@ -90,10 +90,13 @@ func TestBaselineCommandBadInput(t *testing.T) {
 	for _, args := range [][]string{
 		{"extra"},
 		{"--frob"},
-		{"--dsn", "postgres://u:hunter2@127.0.0.1:1/db?connect_timeout=2"},
 	} {
 		code, _, errOut := runCmd(t, runBaseline, args...)
 		require.Equal(t, ExitUsage, code, "%v: %s", args, errOut)
 		require.NotContains(t, errOut, "hunter2")
 	}
+	// A server that cannot be reached is not bad input.
+	code, _, errOut := runCmd(t, runBaseline, "--dsn", "postgres://u:hunter2@127.0.0.1:1/db?connect_timeout=2")
+	require.Equal(t, ExitUnavailable, code, errOut)
+	require.NotContains(t, errOut, "hunter2")
 }

@@ -14,7 +14,9 @@ import (
 // Exit codes. doctor's follow the monitoring-plugin convention (0 ok,
 // 1 warning, 2 critical); bad input has a code of its own, EX_USAGE of
 // sysexits.h, so that monitoring can tell a broken check from a critical
-// database.
+// database; and so has a server that refused the connection or could not
+// be reached, EX_UNAVAILABLE, for every command but doctor (which says
+// critical, its monitoring contract).
 const (
 	ExitOK      = 0
 	ExitFailure = 1 // the command ran and found a problem (e.g. a repro verdict); doctor: warning
@@ -22,6 +24,9 @@ const (
 	// database cannot be reached or read.
 	exitCritical = 2
 	ExitUsage    = 64 // bad input: the message says what to do
+	// ExitUnavailable: the server refused the connection or could not be
+	// reached (doctor: exitCritical).
+	ExitUnavailable = 69
 )
 
 // exitError ends a command with a given exit code and a one-line message.
@@ -40,12 +45,12 @@ func (e usageError) Error() string { return e.msg }
 
 func Usagef(format string, args ...any) error { return usageError{fmt.Sprintf(format, args...)} }
 
-// unreachableError is a database that cannot be connected to: bad input
-// for most commands (check the DSN), a critical state for doctor.
-type unreachableError struct{ usage usageError }
+// unreachableError is a database that refused the connection or could not
+// be reached: ExitUnavailable for most commands, a critical state for
+// doctor.
+type unreachableError struct{ msg string }
 
-func (e unreachableError) Error() string { return e.usage.msg }
-func (e unreachableError) Unwrap() error { return e.usage }
+func (e unreachableError) Error() string { return e.msg }
 
 // Command is one subcommand of a program.
 type Command struct {
@@ -81,7 +86,7 @@ func operator() Program {
 		Name: "harness",
 		Commands: []Command{
 			{"migrate", "apply or roll back migrations, or plan them: migrate up|down|status|version|plan [--to N] [--lock-timeout D] [--dsn DSN | --env NAME] [--schema S]", runMigrate},
-			{"sql", "print the SQL migrate would run, for review and psql: sql up|down [--to N] [--dsn DSN | --env NAME] [--schema S] [-o FILE]", runSQL},
+			{"sql", "print the SQL migrate would run, for review and psql: sql up|down [--to N] [--lock-timeout D] [--dsn DSN | --env NAME] [--schema S] [-o FILE], or the restore step alone: sql restore [--to N] [-o FILE]", runSQL},
 			{"baseline", "adopt a database made by duroxide-pg's own runner: baseline [--dsn DSN | --env NAME] [--schema S] [--dry-run] [--force]", runBaseline},
 			{"doctor", "health check, exit 0 ok / 1 warning / 2 critical / 64 bad input: doctor [--dsn DSN | --env NAME] [--schema S] [--format text|json|prometheus] [--watch 5s] [--max-attempts 10] [--reset-attempts INSTANCE... [--apply]]", runDoctor},
 			{"version", "the pack's version, the sha256 of the migrations built in, and the build: version [--config FILE]", runVersion},
@@ -139,6 +144,11 @@ func report(env *Env, err error) int {
 	if errors.As(err, &x) {
 		fmt.Fprintln(env.Stderr, prefix+oneLine(x.msg))
 		return x.code
+	}
+	var down unreachableError
+	if errors.As(err, &down) {
+		fmt.Fprintln(env.Stderr, prefix+oneLine(down.msg))
+		return ExitUnavailable
 	}
 	var u usageError
 	if errors.As(err, &u) {

@@ -53,6 +53,29 @@ func TestMigrateUpThenVersionAndStatus(t *testing.T) {
 	require.Contains(t, out, "now at version 19")
 }
 
+// A server that refuses the connection or cannot be reached is not bad
+// input: every command exits EX_UNAVAILABLE (69) with one line, but
+// doctor, whose monitoring contract says critical (2).
+func TestAnUnreachableServerHasAnExitCodeOfItsOwn(t *testing.T) {
+	down := "postgres://u:hunter2@127.0.0.1:1/db?connect_timeout=2"
+	for _, args := range [][]string{
+		{"migrate", "up", "--dsn", down},
+		{"migrate", "status", "--dsn", down},
+		{"migrate", "plan", "--dsn", down},
+		{"sql", "up", "--dsn", down},
+		{"baseline", "--dsn", down, "--dry-run"},
+	} {
+		code, _, errOut := run(t, args...)
+		require.Equal(t, ExitUnavailable, code, "%v: %s", args, errOut)
+		require.Contains(t, errOut, "cannot use", "%v", args)
+		require.NotContains(t, errOut, "hunter2", "passwords are never printed")
+		require.Equal(t, 1, strings.Count(errOut, "\n"), "one line: %q", errOut)
+	}
+	code, _, _ := run(t, "doctor", "--dsn", down)
+	require.Equal(t, exitCritical, code, "doctor: critical")
+	require.NotEqual(t, ExitUsage, ExitUnavailable)
+}
+
 func TestBadInputExitsWithCode2AndOneLine(t *testing.T) {
 	srv := startServer(t)
 	dsn := srv.DSN("postgres")
@@ -64,7 +87,6 @@ func TestBadInputExitsWithCode2AndOneLine(t *testing.T) {
 		{"unknown command", []string{"frobnicate"}, "unknown command"},
 		{"unknown migrate action", []string{"migrate", "sideways", "--dsn", dsn}, "unknown migrate action"},
 		{"bad DSN", []string{"migrate", "up", "--dsn", "postgres://u:hunter2@%zz/db"}, "bad DSN"},
-		{"unreachable server", []string{"migrate", "up", "--dsn", "postgres://u:hunter2@127.0.0.1:1/db?connect_timeout=2"}, "cannot use"},
 		{"version that does not exist", []string{"migrate", "up", "--dsn", dsn, "--to", "99"}, "does not exist"},
 		{"no database given", []string{"migrate", "up"}, "no database"},
 		{"unknown flag", []string{"migrate", "up", "--frob"}, "flag provided but not defined"},
@@ -83,8 +105,8 @@ func TestBadInputExitsWithCode2AndOneLine(t *testing.T) {
 	}
 }
 
-// The settings file, harness.yaml, names environments; its old name,
-// goose.yaml, is still read, with one deprecation line on stderr.
+// The settings file, goose.yaml, names environments; the name one
+// release gave it, harness.yaml, is still read, with one deprecation line on stderr.
 func TestEnvironmentFromTheSettingsFile(t *testing.T) {
 	srv := startServer(t)
 	name, err := srv.CreateDatabase(context.Background(), "cli_", "")
@@ -93,22 +115,22 @@ func TestEnvironmentFromTheSettingsFile(t *testing.T) {
 	settings := []byte("schema: fromfile\nenvironments:\n  test:\n    dsn_env: CLI_TEST_DSN\n")
 
 	t.Chdir(t.TempDir())
-	require.NoError(t, os.WriteFile("harness.yaml", settings, 0o644))
+	require.NoError(t, os.WriteFile("goose.yaml", settings, 0o644))
 	code, out, errOut := run(t, "migrate", "up", "--env", "test", "--to", "3")
 	require.Equal(t, ExitOK, code, errOut)
 	require.Contains(t, out, "now at version 3 (schema fromfile)")
 	require.Empty(t, errOut)
 
-	require.NoError(t, os.Rename("harness.yaml", "goose.yaml"))
+	require.NoError(t, os.Rename("goose.yaml", "harness.yaml"))
 	code, out, errOut = run(t, "migrate", "up", "--env", "test", "--to", "4")
 	require.Equal(t, ExitOK, code, errOut)
 	require.Contains(t, out, "now at version 4 (schema fromfile)")
-	require.Equal(t, "harness: deprecated: goose.yaml: the settings file's old name, still read; rename it harness.yaml (goose itself never reads it)\n", errOut)
+	require.Equal(t, "harness: deprecated: harness.yaml: the name one release gave the settings file, still read; rename it goose.yaml\n", errOut)
 
-	require.NoError(t, os.WriteFile("harness.yaml", settings, 0o644))
+	require.NoError(t, os.WriteFile("goose.yaml", settings, 0o644))
 	code, _, errOut = run(t, "migrate", "up", "--env", "test")
 	require.Equal(t, ExitUsage, code)
-	require.Contains(t, errOut, "both harness.yaml and goose.yaml are here")
+	require.Contains(t, errOut, "both goose.yaml and harness.yaml are here")
 }
 
 func TestSQLWritesAScriptAndRefusesBadInput(t *testing.T) {

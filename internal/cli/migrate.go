@@ -64,7 +64,7 @@ func runMigrate(ctx context.Context, env *Env, args []string) error {
 	if err := t.resolve(env); err != nil {
 		return err
 	}
-	if err := t.checkTo(version, action == "down"); err != nil {
+	if err := t.checkTo(version, action == "down" || action == "plan"); err != nil {
 		return err
 	}
 	if err := t.checkMigrationsDir("migrate"); err != nil {
@@ -86,7 +86,7 @@ func runMigrate(ctx context.Context, env *Env, args []string) error {
 			}
 			return nil
 		case action == "status":
-			return printStatus(env, t, st)
+			return printStatus(ctx, env, t, st)
 		case action == "plan":
 			return printPlan(env, st, version)
 		case !st.SchemaExists || !st.TableExists:
@@ -168,8 +168,11 @@ func missingWhat(st *migrate.State) string {
 }
 
 // printStatus lists every migration of the pack with its state, as goose's
-// status does, from what ReadState read.
-func printStatus(env *Env, t target, st *migrate.State) error {
+// status does, from what ReadState read; then says on stderr where the
+// schema stands (where a failed run stopped): the newest applied version,
+// the next file `migrate up` runs, and what the schema holds of a
+// migration that runs outside a transaction and stopped part-way.
+func printStatus(ctx context.Context, env *Env, t target, st *migrate.State) error {
 	sources, err := migrate.Sources(nil)
 	if err != nil {
 		return err
@@ -186,7 +189,121 @@ func printStatus(env *Env, t target, st *migrate.State) error {
 		}
 		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\n", s.Version, state, at, s.Path)
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return fmt.Errorf("write the status: %w", err)
+	}
+	if !st.TableExists {
+		return nil
+	}
+	objects, err := t.schemaObjects(ctx)
+	if err != nil {
+		return err
+	}
+	for _, line := range whereItStands(st, objects) {
+		fmt.Fprintf(env.Stderr, "harness: %s\n", line)
+	}
+	return nil
+}
+
+// whereItStands says where schema st stands in the pack: its newest
+// applied version, the next migration `migrate up` runs (where a failed
+// up stopped), versions left pending below the newest applied, and, for a
+// migration that runs outside a transaction, the part of it the schema
+// holds when goose's table disagrees (an up or a down that stopped
+// part-way). objects are the schema's objects ("table x", "index x",
+// "function x", "trigger x").
+func whereItStands(st *migrate.State, objects map[string]bool) []string {
+	pack := migrations.MustPack()
+	v := st.Version()
+	var lines []string
+	var next *migrations.Migration
+	var below []string
+	for i := range pack {
+		m := pack[i]
+		if _, applied := st.AppliedAt(m.Version); applied {
+			continue
+		}
+		if m.Version < v {
+			below = append(below, strconv.FormatInt(m.Version, 10))
+			continue
+		}
+		if next == nil {
+			next = &pack[i]
+		}
+	}
+	at := fmt.Sprintf("schema %s is at goose version %d", st.Schema, v)
+	if m, ok := migrations.ByVersion(v); ok {
+		at += " (" + m.File + "), the newest applied"
+	}
+	if next == nil {
+		lines = append(lines, at+"; nothing pending: it is the pack's latest")
+	} else {
+		lines = append(lines, fmt.Sprintf("%s; next pending: %s, where `migrate up` starts (a failed `migrate up` stopped there; a failed `migrate down` stopped at the newest applied)", at, next.File))
+	}
+	if len(below) > 0 {
+		lines = append(lines, fmt.Sprintf("pending below version %d: %s; `migrate up` refuses to run while they are (goose applies the pack in order)", v, strings.Join(below, ", ")))
+	}
+	if next != nil && next.NoTransaction {
+		if held := heldOf(*next, objects, true); len(held) > 0 {
+			lines = append(lines, fmt.Sprintf("%s is pending, yet the schema holds %s, which it adds: an up stopped part-way through it (it runs outside a transaction, its finished steps stay); the next `migrate up` finishes it",
+				next.File, strings.Join(held, ", ")))
+		}
+	}
+	if m, ok := migrations.ByVersion(v); ok && m.NoTransaction {
+		if missing := heldOf(m, objects, false); len(missing) > 0 {
+			lines = append(lines, fmt.Sprintf("%s is applied, yet the schema lacks %s, which it adds: a down stopped part-way through it (its Down runs outside a transaction); the next `migrate down` finishes it",
+				m.File, strings.Join(missing, ", ")))
+		}
+	}
+	return lines
+}
+
+// heldOf lists the objects m's Adds line names that the schema holds
+// (held true) or lacks (held false).
+func heldOf(m migrations.Migration, objects map[string]bool, held bool) []string {
+	var out []string
+	for _, a := range m.Adds {
+		if objects[a] == held {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+// schemaObjects reads the names of the target schema's tables, indexes,
+// functions and triggers, as a fix's Adds line names them ("table x"). It
+// only reads.
+func (t *target) schemaObjects(ctx context.Context) (map[string]bool, error) {
+	db, err := t.connect(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer db.Close()
+	rows, err := db.QueryContext(ctx, `
+		SELECT CASE c.relkind WHEN 'i' THEN 'index ' ELSE 'table ' END || c.relname
+		FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+		WHERE n.nspname = $1 AND c.relkind IN ('r', 'p', 'i')
+		UNION ALL
+		SELECT 'function ' || p.proname FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = $1
+		UNION ALL
+		SELECT 'trigger ' || g.tgname FROM pg_trigger g JOIN pg_class c ON c.oid = g.tgrelid
+		JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $1 AND NOT g.tgisinternal`, t.schema)
+	if err != nil {
+		return nil, fmt.Errorf("read the objects of schema %s: %w", t.schema, err)
+	}
+	defer rows.Close()
+	out := map[string]bool{}
+	for rows.Next() {
+		var name string
+		if err := rows.Scan(&name); err != nil {
+			return nil, fmt.Errorf("read the objects of schema %s: %w", t.schema, err)
+		}
+		out[name] = true
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read the objects of schema %s: %w", t.schema, err)
+	}
+	return out, nil
 }
 
 func printVersion(ctx context.Context, env *Env, r *migrate.Runner, prefix string) error {
@@ -202,13 +319,19 @@ func printVersion(ctx context.Context, env *Env, r *migrate.Runner, prefix strin
 	return nil
 }
 
-// printPlan lists what `migrate up [--to version]` would apply to the
-// schema as st found it, each migration with its header's locks and
-// duration and the size of the tables those locks name. It only reads.
+// printPlan lists what `migrate up --to version` (no version: the pack's
+// latest) would apply to the schema as st found it, each migration with
+// its header's locks and duration and the size of the tables those locks
+// name; for a version below the schema's, what `migrate down --to
+// version` would roll back, each Down, newest first, with its header's
+// Down locks and Down duration. It only reads.
 func printPlan(env *Env, st *migrate.State, to int64) error {
 	pack, err := migrations.Pack()
 	if err != nil {
 		return err
+	}
+	if to >= 0 && to < st.Version() {
+		return printDownPlan(env, st, to, pack)
 	}
 	if to < 0 {
 		to = pack[len(pack)-1].Version
@@ -229,20 +352,48 @@ func printPlan(env *Env, st *migrate.State, to int64) error {
 	fmt.Fprintf(env.Stdout, "schema %s is at goose version %d; `migrate up` to %d applies %d migration(s), each in its own transaction:\n",
 		st.Schema, st.Version(), to, len(pending))
 	for _, m := range pending {
-		fmt.Fprintf(env.Stdout, "\n%s\n", m.File)
-		fmt.Fprint(env.Stdout, indentWrap("locks:    ", cmp.Or(m.Locks, "(the file does not say)")))
-		fmt.Fprint(env.Stdout, indentWrap("duration: ", cmp.Or(m.Duration, "(the file does not say)")))
-		var sizes []string
-		for _, name := range slices.Sorted(maps.Keys(st.Tables)) {
-			if lockedTableRE(name).MatchString(m.Locks) {
-				sizes = append(sizes, fmt.Sprintf("%s %s, %s", name, rowsText(st.Tables[name].Rows), bytesText(st.Tables[name].Bytes)))
-			}
-		}
-		if len(sizes) > 0 {
-			fmt.Fprint(env.Stdout, indentWrap("tables:   ", strings.Join(sizes, "; ")))
-		}
+		printPlanStep(env, st, m.File, m.NoTransaction, m.Locks, m.Duration)
 	}
 	return nil
+}
+
+// printDownPlan lists the Downs `migrate down --to to` runs on the schema
+// as st found it: every applied version above to, newest first (goose's
+// order), each with its Down's locks and duration.
+func printDownPlan(env *Env, st *migrate.State, to int64, pack []migrations.Migration) error {
+	var path []migrations.Migration
+	for i := len(pack) - 1; i >= 0; i-- {
+		if _, applied := st.AppliedAt(pack[i].Version); applied && pack[i].Version > to {
+			path = append(path, pack[i])
+		}
+	}
+	fmt.Fprintf(env.Stdout, "schema %s is at goose version %d; `migrate down --to %d` rolls back %d migration(s), newest first, each in its own transaction (a failure stops there and keeps the ones rolled back before it):\n",
+		st.Schema, st.Version(), to, len(path))
+	for _, m := range path {
+		printPlanStep(env, st, m.File+" (down)", m.NoTransaction, m.DownLocks, m.DownDuration)
+	}
+	return nil
+}
+
+// printPlanStep prints one migration of a plan: its name, its locks and
+// its duration as its header says them, and the live size of every table
+// those locks name.
+func printPlanStep(env *Env, st *migrate.State, name string, noTransaction bool, locks, duration string) {
+	fmt.Fprintf(env.Stdout, "\n%s\n", name)
+	if noTransaction {
+		fmt.Fprint(env.Stdout, indentWrap("runs:     ", "outside a transaction (NO TRANSACTION): each statement commits on its own; interrupted, the steps it finished stay and the next run finishes it"))
+	}
+	fmt.Fprint(env.Stdout, indentWrap("locks:    ", cmp.Or(locks, "(the file does not say)")))
+	fmt.Fprint(env.Stdout, indentWrap("duration: ", cmp.Or(duration, "(the file does not say)")))
+	var sizes []string
+	for _, name := range slices.Sorted(maps.Keys(st.Tables)) {
+		if lockedTableRE(name).MatchString(locks) {
+			sizes = append(sizes, fmt.Sprintf("%s %s, %s", name, rowsText(st.Tables[name].Rows), bytesText(st.Tables[name].Bytes)))
+		}
+	}
+	if len(sizes) > 0 {
+		fmt.Fprint(env.Stdout, indentWrap("tables:   ", strings.Join(sizes, "; ")))
+	}
 }
 
 // lockedTableRE matches "on <table>" in a Locks paragraph, the table's name

@@ -9,6 +9,7 @@ import (
 	"os"
 	"slices"
 	"strconv"
+	"time"
 
 	migrations "github.com/duroxide-pg/migrations"
 	"github.com/duroxide-pg/migrations/harness/ops/migrate"
@@ -49,6 +50,8 @@ func runSQL(ctx context.Context, env *Env, args []string) error {
 	t.register(fs)
 	to := fs.String("to", "", "target version (up: default the pack's latest; down: required)")
 	out := fs.String("o", "", "write the script to this file instead of standard output")
+	lockTimeout := fs.Duration("lock-timeout", migrate.DefaultLockTimeout,
+		"the script's lock_timeout, set before its first statement that takes a lock: the longest it waits for one (the pack's migration lock included) before it stops with SQLSTATE 55P03 (0: the server's setting)")
 	pos, err := Parse(fs, args)
 	if err != nil {
 		return err
@@ -60,6 +63,13 @@ func runSQL(ctx context.Context, env *Env, args []string) error {
 		return writeRestore(env, *to, *out)
 	}
 	down := pos[0] == "down"
+	if *lockTimeout < 0 || (*lockTimeout > 0 && *lockTimeout < time.Millisecond) {
+		return Usagef("--lock-timeout %v: give a duration of a millisecond or more (5s), or 0 for the server's setting", *lockTimeout)
+	}
+	bound := *lockTimeout
+	if bound == 0 {
+		bound = -1 // the options say negative for none
+	}
 	var version int64
 	switch {
 	case *to != "":
@@ -87,7 +97,7 @@ func runSQL(ctx context.Context, env *Env, args []string) error {
 		return err
 	}
 	defer db.Close()
-	plan, err := sqlscript.Read(ctx, db, sqlscript.Options{Schema: t.schema, VersionTable: t.cfg.VersionTable, Down: down, Target: version, Role: t.role})
+	plan, err := sqlscript.Read(ctx, db, sqlscript.Options{Schema: t.schema, VersionTable: t.cfg.VersionTable, Down: down, Target: version, Role: t.role, LockTimeout: bound})
 	switch {
 	case errors.Is(err, sqlscript.ErrNothingToDo):
 		fmt.Fprintf(env.Stderr, "harness: %v; no script written\n", err)

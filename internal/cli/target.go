@@ -14,7 +14,7 @@ import (
 )
 
 // target is where a command acts: a DSN and a schema, from flags or the
-// settings file (harness.yaml).
+// settings file (goose.yaml).
 type target struct {
 	configPath, dsn, env, schema, role string
 	// schemaSet and roleSet: the flag was given (even as "").
@@ -27,7 +27,7 @@ type target struct {
 
 func (t *target) register(fs *flag.FlagSet) {
 	t.flags = fs
-	fs.StringVar(&t.configPath, "config", "", "settings file (default ./harness.yaml when present, else ./goose.yaml, its old name)")
+	fs.StringVar(&t.configPath, "config", "", "settings file (default ./goose.yaml when present, else ./harness.yaml, the name one release gave it)")
 	fs.StringVar(&t.dsn, "dsn", "", "PostgreSQL DSN (postgres://user:pass@host:port/db)")
 	fs.StringVar(&t.env, "env", "", "environment name from the settings file instead of --dsn")
 	fs.StringVar(&t.schema, "schema", "", "target schema (default from the settings file, else duroxide)")
@@ -108,6 +108,9 @@ func (t *target) open(ctx context.Context, run migrate.Options) (*migrate.Runner
 	if errors.Is(err, migrate.ErrNeedsBaseline) || errors.Is(err, migrate.ErrPooler) {
 		return nil, Usagef("%v", err)
 	}
+	if errors.Is(err, migrate.ErrUnreachable) {
+		return nil, t.unreachable(err)
+	}
 	if err != nil {
 		return nil, Usagef("cannot use %s: %s; check the DSN, that the server runs and that the role may create schema %q",
 			t.src, oneLine(pgErrText(err)), t.schema)
@@ -126,6 +129,9 @@ func (t *target) inspect(ctx context.Context) (*migrate.State, error) {
 	st, err := migrate.Inspect(ctx, t.src.Config(), migrate.Options{Schema: t.schema, VersionTable: t.cfg.VersionTable, Role: t.role})
 	if errors.Is(err, migrate.ErrNeedsBaseline) || errors.Is(err, migrate.ErrPooler) {
 		return nil, Usagef("%v", err)
+	}
+	if errors.Is(err, migrate.ErrUnreachable) {
+		return nil, t.unreachable(err)
 	}
 	if err != nil {
 		return nil, Usagef("cannot use %s: %s; check the DSN and that the server runs", t.src, oneLine(pgErrText(err)))
@@ -172,9 +178,13 @@ func (t *target) connectWithPath(ctx context.Context, searchPath string) (*sql.D
 	return db, nil
 }
 
-// unreachable is the bad input a failed connection makes.
+// unreachable is the error of a failed connection: ExitUnavailable, or
+// bad input when it failed on --role (SET ROLE).
 func (t *target) unreachable(err error) error {
-	return unreachableError{usageError{fmt.Sprintf("cannot use %s: %s; check the DSN and that the server runs", t.src, oneLine(pgErrText(err)))}}
+	if errors.Is(err, migrate.ErrRole) {
+		return Usagef("cannot use %s as role %s: %s", t.src, t.role, oneLine(pgErrText(err)))
+	}
+	return unreachableError{fmt.Sprintf("cannot use %s: %s; check the DSN and that the server runs", t.src, oneLine(pgErrText(err)))}
 }
 
 // checkTo refuses, before anything connects, a --to the pack does not
@@ -205,7 +215,7 @@ func (t *target) checkTo(version int64, down bool) error {
 // checkMigrationsDir refuses to go on when the settings file names a migrations
 // directory whose files differ from the pack built into the harness: every
 // command applies, writes and checks the built-in pack, so that migrate,
-// sql, baseline and doctor agree; in a checkout, harness.yaml's sql/ is the
+// sql, baseline and doctor agree; in a checkout, goose.yaml's sql/ is the
 // same files unless they were edited since the harness was built.
 func (t *target) checkMigrationsDir(command string) error {
 	dir := t.cfg.MigrationsFS()

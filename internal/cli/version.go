@@ -16,7 +16,7 @@ import (
 // (migrate and sql then refuse: every command uses the built-in pack).
 func runVersion(_ context.Context, env *Env, args []string) error {
 	fs := NewFlags(env, "version")
-	configPath := fs.String("config", "", "settings file (default ./harness.yaml when present, else ./goose.yaml, its old name)")
+	configPath := fs.String("config", "", "settings file (default ./goose.yaml when present, else ./harness.yaml, the name one release gave it)")
 	pos, err := Parse(fs, args)
 	if err != nil {
 		return err

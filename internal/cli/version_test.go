@@ -17,11 +17,11 @@ func TestVersionAndTheCommandsThatApplyMigrationsSeeADifferingDirectory(t *testi
 	latest, ok := migrations.ByVersion(migrations.Latest())
 	require.True(t, ok)
 
-	// Where harness.yaml names a copy of the pack: no note.
+	// Where goose.yaml names a copy of the pack: no note.
 	dir := t.TempDir()
 	sqlDir := filepath.Join(dir, "sql")
 	require.NoError(t, os.CopyFS(sqlDir, migrations.FS))
-	config := filepath.Join(dir, "harness.yaml")
+	config := filepath.Join(dir, "goose.yaml")
 	require.NoError(t, os.WriteFile(config, []byte("migrations_dir: sql\n"), 0o644))
 	code, out, errOut := run(t, "version", "--config", config)
 	require.Equal(t, ExitOK, code, errOut)
@@ -34,14 +34,14 @@ func TestVersionAndTheCommandsThatApplyMigrationsSeeADifferingDirectory(t *testi
 	require.NoError(t, os.WriteFile(filepath.Join(sqlDir, latest.File), []byte("-- edited\n"), 0o644))
 	code, out, errOut = run(t, "version", "--config", config)
 	require.Equal(t, ExitOK, code, errOut)
-	require.Contains(t, out, fmt.Sprintf("note: harness.yaml's migrations_dir sql is not the built-in pack (%s differs)", latest.File))
+	require.Contains(t, out, fmt.Sprintf("note: goose.yaml's migrations_dir sql is not the built-in pack (%s differs)", latest.File))
 
 	// migrate and sql refuse, before they connect, to run a pack other
 	// than the one doctor and baseline check against.
 	for _, args := range [][]string{{"migrate", "up"}, {"migrate", "down", "--to", "1"}, {"sql", "up"}} {
 		code, _, errOut = run(t, append(args, "--config", config, "--dsn", "postgres://u@127.0.0.1:1/db")...)
 		require.Equal(t, ExitUsage, code, "%v: %s", args, errOut)
-		require.Contains(t, errOut, fmt.Sprintf("harness.yaml's migrations_dir sql differs from the pack built into this harness (%s differs)", latest.File), "%v", args)
+		require.Contains(t, errOut, fmt.Sprintf("goose.yaml's migrations_dir sql differs from the pack built into this harness (%s differs)", latest.File), "%v", args)
 	}
 
 	code, _, errOut = run(t, "version", "extra")

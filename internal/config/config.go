@@ -1,8 +1,9 @@
-// Package config reads harness.yaml, the harness's settings file: where
-// the migrations are, the target schema, the version table, and named
-// environments with their DSNs. Its old name, goose.yaml, is still read
-// (with a deprecation notice): goose itself never reads it, and the name
-// said it did.
+// Package config reads goose.yaml, the harness's settings file at the top
+// of the checkout: where the migrations are, the target schema, the
+// version table, and named environments with their DSNs (goose's own CLI
+// reads no YAML; the file keeps the name the project's layout gives it).
+// harness.yaml, the name one release gave it, is still read, with a
+// notice.
 package config
 
 import (
@@ -18,10 +19,11 @@ import (
 )
 
 // DefaultFile is the settings file looked for in the working directory.
-const DefaultFile = "harness.yaml"
+const DefaultFile = "goose.yaml"
 
-// oldFile is DefaultFile's former name, read when DefaultFile is absent.
-const oldFile = "goose.yaml"
+// oldFile is the name one release gave DefaultFile, read when DefaultFile
+// is absent.
+const oldFile = "harness.yaml"
 
 // Config is the content of the settings file.
 type Config struct {
@@ -64,7 +66,7 @@ func Load(path string) (*Config, error) {
 		_, errOld := os.Stat(oldFile)
 		switch {
 		case errNew == nil && errOld == nil:
-			return nil, fmt.Errorf("both %s and %s are here: %s is the settings file, %s its old name; keep one", DefaultFile, oldFile, DefaultFile, oldFile)
+			return nil, fmt.Errorf("both %s and %s are here: %s is the settings file, %s the name one release gave it; keep one", DefaultFile, oldFile, DefaultFile, oldFile)
 		case errors.Is(errNew, fs.ErrNotExist) && errOld == nil:
 			path = oldFile
 		}
@@ -84,7 +86,7 @@ func Load(path string) (*Config, error) {
 	}
 	c.dir, c.name = filepath.Dir(path), filepath.Base(path)
 	if c.name == oldFile {
-		c.deprecation = fmt.Sprintf("%s: the settings file's old name, still read; rename it %s (goose itself never reads it)", path, DefaultFile)
+		c.deprecation = fmt.Sprintf("%s: the name one release gave the settings file, still read; rename it %s", path, DefaultFile)
 	}
 	return &c, nil
 }

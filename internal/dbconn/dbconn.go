@@ -1,5 +1,5 @@
 // Package dbconn hands connections down from the one place that reads a
-// DSN: the command's entry point (a flag, harness.yaml, a throwaway server)
+// DSN: the command's entry point (a flag, goose.yaml, a throwaway server)
 // parses it once into a Source, and everything below opens its
 // connections from that Source: each simulated dispatcher and worker its
 // own, a measurement its one, the migration runner its pool (from

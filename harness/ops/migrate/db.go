@@ -3,6 +3,7 @@ package migrate
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
@@ -26,13 +27,29 @@ func OpenDB(cfg *pgx.ConnConfig, schema, role string) *sql.DB {
 	if role != "" {
 		opts = append(opts, stdlib.OptionAfterConnect(func(ctx context.Context, c *pgx.Conn) error {
 			if _, err := c.Exec(ctx, "SET ROLE "+pgx.Identifier{role}.Sanitize()); err != nil {
-				return fmt.Errorf("SET ROLE %s: %w", role, err)
+				return fmt.Errorf("SET ROLE %s: %w", role, errors.Join(ErrRole, err))
 			}
 			return nil
 		}))
 	}
 	return stdlib.OpenDB(*cfg, opts...)
 }
+
+// ErrUnreachable marks a connection the server refused or that could not
+// be made (errors.Is): the command's input may be right, the server is
+// not there for it.
+var ErrUnreachable = errors.New("the server refused the connection or could not be reached")
+
+// ErrRole marks a connection on which SET ROLE failed (the role does not
+// exist, or the user may not take it): the command's input, not the
+// server.
+var ErrRole = errors.New("SET ROLE failed")
+
+// unreachable is a failed connection: its error, and ErrUnreachable.
+type unreachable struct{ err error }
+
+func (u unreachable) Error() string   { return u.err.Error() }
+func (u unreachable) Unwrap() []error { return []error{u.err, ErrUnreachable} }
 
 // openDirect opens a pool on the database of cfg for schema (as role, when
 // set) and checks that it reaches the server itself, not a transaction
@@ -44,7 +61,10 @@ func openDirect(ctx context.Context, cfg *pgx.ConnConfig, schema, role string) (
 		if unsupportedStartup(err) {
 			return nil, poolerErr(oneLine(err.Error()))
 		}
-		return nil, fmt.Errorf("connect: %w", err)
+		if errors.Is(err, ErrRole) {
+			return nil, fmt.Errorf("connect: %w", err)
+		}
+		return nil, fmt.Errorf("connect: %w", unreachable{err})
 	}
 	if err := CheckDirect(ctx, db, schema); err != nil {
 		db.Close()

@@ -228,7 +228,7 @@ func (r *Runner) Up(ctx context.Context) ([]*goose.MigrationResult, error) {
 		return nil, err
 	}
 	res, err := r.retryOnLockTimeout(ctx, func() ([]*goose.MigrationResult, error) { return r.provider.Up(ctx) })
-	if err := r.wrapErr("up", err); err != nil {
+	if err := r.wrapErr(ctx, "up", err); err != nil {
 		return res, err
 	}
 	return res, r.Restore(ctx)
@@ -245,7 +245,7 @@ func (r *Runner) UpTo(ctx context.Context, version int64) ([]*goose.MigrationRes
 		return nil, err
 	}
 	res, err := r.retryOnLockTimeout(ctx, func() ([]*goose.MigrationResult, error) { return r.provider.UpTo(ctx, version) })
-	if err := r.wrapErr(fmt.Sprintf("up to %d", version), err); err != nil {
+	if err := r.wrapErr(ctx, fmt.Sprintf("up to %d", version), err); err != nil {
 		return res, err
 	}
 	return res, r.Restore(ctx)
@@ -288,7 +288,7 @@ func (r *Runner) Down(ctx context.Context) (*goose.MigrationResult, error) {
 		res, err = r.provider.Down(ctx)
 		return nil, err
 	})
-	return res, r.wrapErr("down", err)
+	return res, r.wrapErr(ctx, "down", err)
 }
 
 // DownTo rolls back every migration newer than version (0 rolls back all).
@@ -302,7 +302,7 @@ func (r *Runner) DownTo(ctx context.Context, version int64) ([]*goose.MigrationR
 		return nil, err
 	}
 	res, err := r.retryOnLockTimeout(ctx, func() ([]*goose.MigrationResult, error) { return r.provider.DownTo(ctx, version) })
-	return res, r.wrapErr(fmt.Sprintf("down to %d", version), err)
+	return res, r.wrapErr(ctx, fmt.Sprintf("down to %d", version), err)
 }
 
 // ApplyVersion runs the Up (up = true) or the Down of one migration,
@@ -314,7 +314,7 @@ func (r *Runner) ApplyVersion(ctx context.Context, version int64, up bool) error
 		return err
 	}
 	_, err := r.provider.ApplyVersion(ctx, version, up)
-	return r.wrapErr(fmt.Sprintf("apply version %d (up=%v)", version, up), err)
+	return r.wrapErr(ctx, fmt.Sprintf("apply version %d (up=%v)", version, up), err)
 }
 
 // Status lists every migration of the pack with its state in the database.
@@ -323,7 +323,7 @@ func (r *Runner) Status(ctx context.Context) ([]*goose.MigrationStatus, error) {
 		return nil, err
 	}
 	st, err := r.provider.Status(ctx)
-	return st, r.wrapErr("status", err)
+	return st, r.wrapErr(ctx, "status", err)
 }
 
 // Version is the newest applied version (0 when none).
@@ -332,7 +332,7 @@ func (r *Runner) Version(ctx context.Context) (int64, error) {
 		return 0, err
 	}
 	v, err := r.provider.GetDBVersion(ctx)
-	return v, r.wrapErr("version", err)
+	return v, r.wrapErr(ctx, "version", err)
 }
 
 // Latest is the newest version among the runner's migrations (Options.FS);
@@ -414,20 +414,119 @@ func isLockTimeout(err error) bool {
 	return errors.As(err, &pgErr) && pgErr.Code == "55P03"
 }
 
-func (r *Runner) wrapErr(op string, err error) error {
+// RunError is a run of migrations (Up, UpTo, Down, DownTo, ApplyVersion)
+// that stopped at a migration that failed: what the run applied (or,
+// going down, rolled back) before it, where it stopped, and the version
+// goose's table records once it stopped. Each migration commits on its
+// own, so the ones the run finished before the failure stay. errors.As
+// finds it; it unwraps to the failure's own error (a *pgconn.PgError, for
+// one the server raised).
+type RunError struct {
+	// Op is what the run was asked: "up", "up to 30", "down", "down to 23".
+	Op string
+	// Down is true for a run that rolls migrations back.
+	Down bool
+	// Done are the versions the run applied (rolled back, going down)
+	// before it stopped, in the order it ran them, retries included.
+	Done []int64
+	// Failed is the migration that failed.
+	Failed Source
+	// PartWay is true when Failed runs outside a transaction (goose's NO
+	// TRANSACTION): the steps it finished stay, and goose's table says what
+	// it said before it.
+	PartWay bool
+	// Version is the newest version goose's table records after the
+	// failure, -1 when it could not be read.
+	Version int64
+	// Err is the failure's own error.
+	Err error
+}
+
+func (e *RunError) Error() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "migrate %s: ", e.Op)
+	did := "applied"
+	if e.Down {
+		did = "rolled back"
+	}
+	if len(e.Done) == 0 {
+		fmt.Fprintf(&b, "this run %s nothing before it stopped at %s", did, e.Failed.Path)
+	} else {
+		fmt.Fprintf(&b, "this run %s %s (each committed), then stopped at %s", did, versionList(e.Done), e.Failed.Path)
+	}
+	what := "which"
+	if e.Down {
+		what = "whose Down"
+	}
+	switch {
+	case e.PartWay && e.Down:
+		fmt.Fprintf(&b, ", %s failed part-way: it runs outside a transaction (NO TRANSACTION), so the steps it finished stay, each safe to run again, and goose's table still records the migration as applied", what)
+	case e.PartWay:
+		fmt.Fprintf(&b, ", %s failed part-way: it runs outside a transaction (NO TRANSACTION), so the steps it finished stay, each safe to run again, and goose's table does not record it", what)
+	default:
+		fmt.Fprintf(&b, ", %s failed and was rolled back", what)
+	}
+	switch {
+	case e.Version < 0:
+		b.WriteString("; the schema's version could not be read after the failure (`harness migrate status` says it)")
+	case e.Down:
+		fmt.Fprintf(&b, "; the schema is at version %d, %d still applied", e.Version, e.Failed.Version)
+	case e.Version < e.Failed.Version:
+		fmt.Fprintf(&b, "; the schema is at version %d, the previous version, %d still pending", e.Version, e.Failed.Version)
+	default:
+		fmt.Fprintf(&b, "; the schema is at version %d, %d still pending", e.Version, e.Failed.Version)
+	}
+	again := "up"
+	if e.Down {
+		again = "down"
+	}
+	if e.PartWay {
+		fmt.Fprintf(&b, ", and the next %s finishes it", again)
+	} else {
+		fmt.Fprintf(&b, "; the next %s starts with it", again)
+	}
+	fmt.Fprintf(&b, ": %v", e.Err)
+	return b.String()
+}
+
+func (e *RunError) Unwrap() error { return e.Err }
+
+// versionList is "25, 26, 27".
+func versionList(vs []int64) string {
+	parts := make([]string, len(vs))
+	for i, v := range vs {
+		parts[i] = strconv.FormatInt(v, 10)
+	}
+	return strings.Join(parts, ", ")
+}
+
+// wrapErr names the operation in err; a run stopped by a failed migration
+// (goose's PartialError) becomes a *RunError, which reads the schema's
+// version from goose's table once the run has stopped.
+func (r *Runner) wrapErr(ctx context.Context, op string, err error) error {
 	if err == nil || errors.Is(err, goose.ErrNoNextVersion) {
 		return nil
 	}
 	var partial *goose.PartialError
-	if errors.As(err, &partial) && partial.Failed != nil {
-		if r.outsideTransaction(partial.Failed.Source.Path) {
-			return fmt.Errorf("migrate %s: %s failed part-way: it runs outside a transaction (NO TRANSACTION), so the steps it finished stay, each safe to run again; goose did not record it (the schema is at the previous version) and the next up finishes it: %w",
-				op, partial.Failed.Source.Path, partial.Err)
-		}
-		return fmt.Errorf("migrate %s: %s failed and was rolled back (the schema stays at the previous version): %w",
-			op, partial.Failed.Source.Path, partial.Err)
+	if !errors.As(err, &partial) || partial.Failed == nil || partial.Failed.Source == nil {
+		return fmt.Errorf("migrate %s: %w", op, err)
 	}
-	return fmt.Errorf("migrate %s: %w", op, err)
+	re := &RunError{Op: op, Down: partial.Failed.Direction == "down", Err: partial.Err,
+		Failed:  Source{Version: partial.Failed.Source.Version, Path: partial.Failed.Source.Path},
+		PartWay: r.outsideTransaction(partial.Failed.Source.Path), Version: -1}
+	for _, a := range partial.Applied {
+		if a != nil && a.Source != nil {
+			re.Done = append(re.Done, a.Source.Version)
+		}
+	}
+	// The run's context may be what stopped it (a Ctrl-C): read the
+	// version all the same, for a few seconds at most.
+	readCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if v, err := r.provider.GetDBVersion(readCtx); err == nil {
+		re.Version = v
+	}
+	return re
 }
 
 // To opens a runner on the database of cfg, migrates schema up to version

@@ -2,6 +2,7 @@ package migrate_test
 
 import (
 	"context"
+	"errors"
 	"io/fs"
 	"strings"
 	"sync"
@@ -102,6 +103,10 @@ func TestBrokenMigrationRollsBack(t *testing.T) {
 		if !strings.Contains(msg, want) {
 			t.Errorf("error %q does not say %q", msg, want)
 		}
+	}
+	var run *migrate.RunError
+	if !errors.As(upErr, &run) || run.Failed.Path != broken || len(run.Done) != 0 || run.Version != latest || run.Down || run.PartWay {
+		t.Errorf("the run's error: %+v; want a RunError at %s, nothing applied before it, the schema at %d", run, broken, latest)
 	}
 	v, err := r.Version(ctx)
 	if err != nil || v != latest {

@@ -11,12 +11,14 @@
 package sqlscript
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"errors"
 	"fmt"
 	"io"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -37,9 +39,14 @@ type Options struct {
 	// Target is the goose version to end at (0 with Down: every migration
 	// rolled back; 0 without: the pack's latest).
 	Target int64
-	// Role, when not empty, is the role the script acts as (SET LOCAL
-	// ROLE at its start): the owner of the schema's objects.
+	// Role, when not empty, is the role the script acts as (SET ROLE at
+	// its start): the owner of the schema's objects.
 	Role string
+	// LockTimeout bounds each wait of the script for a lock, the pack's
+	// migration lock included (its lock_timeout, set before its first
+	// statement that takes a lock): migrate.DefaultLockTimeout when 0;
+	// negative, no bound (the server's setting).
+	LockTimeout time.Duration
 }
 
 // Plan is what a script does.
@@ -60,6 +67,9 @@ type Plan struct {
 	NewVersionTable bool
 	// Role is Options.Role.
 	Role string
+	// LockTimeout is Options.LockTimeout, its default applied (negative:
+	// no bound).
+	LockTimeout time.Duration
 	// Restore is, going up, what the restore step would do to each fixed
 	// function were it run now (the script decides again when it runs,
 	// after its migrations).
@@ -79,7 +89,8 @@ type Querier interface {
 // was never baselined, and a target the pack does not have.
 func Read(ctx context.Context, q Querier, opts Options) (Plan, error) {
 	opts.Schema, opts.VersionTable = migrate.Names(opts.Schema, opts.VersionTable)
-	p := Plan{Schema: opts.Schema, VersionTable: opts.VersionTable, Down: opts.Down, Role: opts.Role}
+	p := Plan{Schema: opts.Schema, VersionTable: opts.VersionTable, Down: opts.Down, Role: opts.Role,
+		LockTimeout: cmp.Or(opts.LockTimeout, migrate.DefaultLockTimeout)}
 	latest := migrations.Latest()
 	if opts.Target == 0 && !opts.Down {
 		opts.Target = latest
@@ -135,19 +146,29 @@ func Write(w io.Writer, p Plan) error {
 		verb = "down"
 	}
 	var b strings.Builder
+	bound := "no lock_timeout of its own (written with --lock-timeout 0): it waits for a lock as long as the server's lock_timeout says"
+	if p.LockTimeout > 0 {
+		bound = fmt.Sprintf("lock_timeout %s (--lock-timeout) before its first statement that takes a lock: a wait longer than that, the pack's migration lock included, stops it with SQLSTATE 55P03 (writers queue behind a migration that waits for a lock at most that long)", lockTimeoutText(p.LockTimeout))
+	}
 	fmt.Fprintf(&b, `-- harness sql: what `+"`harness migrate %s --to %d`"+` runs on schema %s, now at goose version %d.
 -- Review it, then run it with psql, not inside a transaction:
 --   psql -v ON_ERROR_STOP=1 -f THIS_FILE "$DSN"
 -- Like the harness, it runs each migration in its own transaction (a file
 -- marked NO TRANSACTION, statement by statement: it builds an index
 -- concurrently), so it refuses to start inside one (psql --single-transaction).
+-- It sets %s.
 -- It waits for the pack's migration lock, refuses (changing nothing) when the
 -- schema is no longer at goose version %d, and records each migration in
--- %s as the harness would. Stopped by an error, the schema is at the last
--- migration recorded there: write the script again and run that.
+-- %s as the harness would.
+-- Stopped half-way (a lock timeout, any error): every migration before the
+-- one it stopped in is committed and recorded there; the one it stopped in was
+-- rolled back (a NO TRANSACTION file keeps the steps it finished, each safe to
+-- run again). To resume, write the script again (harness sql %s) and run that:
+-- it starts where this one stopped. The harness retries a lock timeout by
+-- itself (harness migrate); psql does not.
 -- Migrations: %s.
 
-`, verb, p.To, p.Schema, p.From, p.From, versionTable, fileList(p.Migrations))
+`, verb, p.To, p.Schema, p.From, bound, p.From, versionTable, verb, fileList(p.Migrations))
 	// In a transaction block, now() is the block's start and
 	// statement_timestamp() this statement's; on its own, one is the other.
 	b.WriteString(`DO $session$
@@ -159,6 +180,9 @@ BEGIN
 END;
 $session$;
 `)
+	if p.LockTimeout > 0 {
+		fmt.Fprintf(&b, "SET lock_timeout = '%dms';\n", max(p.LockTimeout.Milliseconds(), 1))
+	}
 	if p.Role != "" {
 		fmt.Fprintf(&b, "SET ROLE %s;\n", pgx.Identifier{p.Role}.Sanitize())
 	}
@@ -235,6 +259,14 @@ $moved$;
 	fmt.Fprintf(&b, "\nSELECT pg_advisory_unlock(%d);\n-- End: schema %s at goose version %d.\n", migrate.LockID(p.Schema), p.Schema, max(p.From, p.To))
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+// lockTimeoutText is d as lock_timeout reads it back ("5s", "500ms").
+func lockTimeoutText(d time.Duration) string {
+	if d%time.Second == 0 {
+		return fmt.Sprintf("%ds", int64(d/time.Second))
+	}
+	return fmt.Sprintf("%dms", d.Milliseconds())
 }
 
 func fileList(ms []migrations.Migration) string {
