@@ -18,6 +18,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -180,6 +181,23 @@ func claimChecks(t *testing.T) []claimCheck {
 			}},
 		{name: "the locks a runbook names", planted: "## Rollback\n\nRollback target: goose 24. Down path: 0032, SHARE on `instance_locks`, milliseconds.\n",
 			check: runbookLocks},
+		{name: "the lease bound", planted: "The database clock lengthens a lease by at most the lease bound (45 s).",
+			check: func(d docFile) []string {
+				var out []string
+				for _, s := range sentences(d.text) {
+					for _, m := range leaseBoundClaimRE.FindAllStringSubmatch(s, -1) {
+						n, _ := strconv.ParseInt(strings.ReplaceAll(m[1], ",", ""), 10, 64)
+						said := time.Duration(n) * time.Millisecond
+						if m[2] == "s" {
+							said = time.Duration(n) * time.Second
+						}
+						if said != migrations.LeaseBound() {
+							out = append(out, fmt.Sprintf("%q says the lease bound is %s; sql/ says %s", s, said, migrations.LeaseBound()))
+						}
+					}
+				}
+				return out
+			}},
 		{name: "which release leaves which upstream state, in a table", planted: "| duroxide-pg release | `_duroxide_migrations` |\n|---|---|\n| 0.1.28 and later | 1..21 |",
 			check: releaseClaims(t)},
 		{name: "which release leaves which upstream state, in a sentence", planted: "Read and tried on duroxide-pg 0.1.33 (upstream 1..21 and 23).",
@@ -188,6 +206,12 @@ func claimChecks(t *testing.T) []claimCheck {
 			check: releaseClaims(t)},
 	}
 }
+
+// leaseBoundClaimRE is a document's statement of the lease bound: "lease
+// bound" and the first duration after it, within the same clause ("the
+// lease bound (30 s)", "`-- Lease bound: 30000 ms`", "the lease bound,
+// 30 s").
+var leaseBoundClaimRE = regexp.MustCompile(`(?i)lease bound[^.;)\d]{0,40}?(\d[\d,]*) ?(ms|s)\b`)
 
 // runbookLocks checks each lock docs/RUNBOOKS.md names for a migration
 // ("0032: ACCESS EXCLUSIVE on `instance_locks`") against that migration's

@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 )
 
 // Migration is what one file of the pack is, read from the file itself:
@@ -38,6 +39,14 @@ type Migration struct {
 	// fix over them would undo a change of upstream's that a later fix of
 	// the pack keeps. Nil when it leaves none.
 	Leaves map[string][]int64
+	// LeaseBoundMs is the header's "-- Lease bound: N ms" line: the most,
+	// in milliseconds, that the database clock may move the start of a
+	// lease the fix's bodies write past the caller's clock carried forward
+	// (lease start = now + least(greatest(db - now, 0), bound)). Every body
+	// of its Up declares it as the constant c_lease_bound_ms, with this
+	// value (Pack refuses a file where they differ). 0 when the file has no
+	// such line.
+	LeaseBoundMs int64
 	// Costs lists the functions a fix migration makes slower on purpose,
 	// though it does not redefine them (its "-- Costs:" header line; the
 	// header says what they pay for), nil when there are none. The
@@ -138,6 +147,9 @@ var (
 	costsRE       = regexp.MustCompile(`(?m)^-- Costs: ([a-z_]+(?:, [a-z_]+)*)\s*$`)
 	addsRE        = regexp.MustCompile(`(?m)^-- Adds: ((?:table|index|function|trigger) [a-z_]+(?:, (?:table|index|function|trigger) [a-z_]+)*)\s*$`)
 	leavesRE      = regexp.MustCompile(`(?m)^-- Leaves: ([a-z_]+) as upstream (\d+(?:, \d+)*)\s*$`)
+	leaseBoundRE  = regexp.MustCompile(`(?m)^-- Lease bound: (\d+) ms\s*$`)
+	// The constant a body declares the lease bound with.
+	leaseBoundConstRE = regexp.MustCompile(`\bc_lease_bound_ms CONSTANT bigint := (\d+);`)
 	// A function body: CREATE [OR REPLACE] FUNCTION name(...) ... AS $fn$
 	// body $fn$, and the "-- Behaviour:" line right above it, if any.
 	definitionRE = regexp.MustCompile(`(?s)(?:-- Behaviour: upstream (\d+(?:, \d+)*)\n)?(CREATE (?:OR REPLACE )?FUNCTION ([a-z_]+)\(.*?AS \$fn\$(.*?)\$fn\$)`)
@@ -249,6 +261,9 @@ func parse(file, num, text string) (Migration, error) {
 		}
 		m.Leaves[l[1]] = append(m.Leaves[l[1]], versionList(l[2])...)
 	}
+	if err := m.readLeaseBound(header); err != nil {
+		return m, err
+	}
 	m.UpLocks = upLockRE.FindAllString(m.Up, -1)
 	m.Locks = headerParagraph(header, "Locks")
 	m.Duration = headerParagraph(header, "Duration")
@@ -263,10 +278,61 @@ func parse(file, num, text string) (Migration, error) {
 		return m, fmt.Errorf("%s: a port adds nothing to upstream's catalog, yet it has an -- Adds: line", file)
 	case m.IsPort() && m.Leaves != nil:
 		return m, fmt.Errorf("%s: a port fixes nothing, yet it has a -- Leaves: line", file)
+	case m.IsPort() && m.LeaseBoundMs != 0:
+		return m, fmt.Errorf("%s: a port writes upstream's leases, yet it has a -- Lease bound: line", file)
 	case !m.IsPort() && m.Fixes == nil:
 		return m, fmt.Errorf("%s: neither records an upstream version in _duroxide_migrations nor names what it fixes (a '-- Fixes: function' header line)", file)
 	}
 	return m, nil
+}
+
+// readLeaseBound reads the header's "-- Lease bound:" line into
+// LeaseBoundMs and holds the bodies of the Up to it: with the line, each
+// body the Up installs declares c_lease_bound_ms with its value; without
+// it, none declares the constant (a bound only the body says would be a
+// second home, which doctor would not read).
+func (m *Migration) readLeaseBound(header string) error {
+	lines := leaseBoundRE.FindAllStringSubmatch(header, -1)
+	if len(lines) > 1 {
+		return fmt.Errorf("%s: %d -- Lease bound: lines; a file has at most one", m.File, len(lines))
+	}
+	if len(lines) == 1 {
+		m.LeaseBoundMs, _ = strconv.ParseInt(lines[0][1], 10, 64)
+		if m.LeaseBoundMs <= 0 {
+			return fmt.Errorf("%s: its -- Lease bound: line says %s ms; a bound is a positive number of milliseconds", m.File, lines[0][1])
+		}
+	}
+	for _, d := range m.Definitions {
+		if d.Down {
+			continue
+		}
+		c := leaseBoundConstRE.FindStringSubmatch(d.Source)
+		switch {
+		case c == nil && m.LeaseBoundMs != 0:
+			return fmt.Errorf("%s: its header's lease bound is %d ms, and its body of %s declares no c_lease_bound_ms", m.File, m.LeaseBoundMs, d.Function)
+		case c != nil && m.LeaseBoundMs == 0:
+			return fmt.Errorf("%s: its body of %s declares c_lease_bound_ms (%s), and its header has no -- Lease bound: line", m.File, d.Function, c[1])
+		case c != nil && c[1] != strconv.FormatInt(m.LeaseBoundMs, 10):
+			return fmt.Errorf("%s: its body of %s declares c_lease_bound_ms := %s; its header's -- Lease bound: line says %d ms", m.File, d.Function, c[1], m.LeaseBoundMs)
+		}
+	}
+	return nil
+}
+
+// LeaseBound is the most the database clock lengthens a lease the pack's
+// latest fixes write beyond the caller's clock carried forward: the "--
+// Lease bound:" line of the newest fix that has one (0 when none has).
+// Its one home is sql/ (the line, and the constant c_lease_bound_ms of
+// each body, held to it); harness doctor's critical clock skew is this
+// bound.
+func LeaseBound() time.Duration {
+	fixes := Fixes()
+	for i := len(fixes) - 1; i >= 0; i-- {
+		if ms := fixes[i].LeaseBoundMs; ms != 0 {
+			return time.Duration(ms) * time.Millisecond
+		}
+	}
+	return 0
 }
 
 // Latest is the newest goose version of the pack.

@@ -138,11 +138,15 @@ func TestEveryKnownBehaviourHasTheFixThatServesItOrIsLeftOnPurpose(t *testing.T)
 }
 
 func TestFixForPicksTheNewestBodyOfTheBehaviour(t *testing.T) {
-	fix, body, ok := migrations.FixFor("fetch_orchestration_item", 24, migrations.Latest())
+	fix, body, ok := migrations.FixFor("fetch_orchestration_item", 24, 33)
 	require.True(t, ok)
 	require.Equal(t, int64(29), fix.Version, "0029 takes the candidate's key: it serves the candidate")
 	require.Equal(t, []string{"LOCK TABLE orchestrator_queue IN EXCLUSIVE MODE;"}, fix.UpLocks)
 	require.Nil(t, body.Behaviours)
+	bounded, _, ok := migrations.FixFor("fetch_orchestration_item", 24, migrations.Latest())
+	require.True(t, ok)
+	require.Equal(t, int64(34), bounded.Version, "0034 bounds the lease of every behaviour 0029 serves")
+	require.Empty(t, bounded.UpLocks, "0034 keeps 0029's key, and takes no table lock")
 	_, _, ok = migrations.FixFor("fetch_orchestration_item", 24, 28)
 	require.False(t, ok, "0020 and 0027 leave the candidate")
 	fix, _, ok = migrations.FixFor("fetch_orchestration_item", 19, 28)

@@ -64,14 +64,16 @@ func adoptedWithBatchedFetch(t *testing.T) *testdb.Database {
 }
 
 // batchFixed is that state after `harness migrate up`: 0033 installs its
-// fix over the batched fetch.
+// fix over the batched fetch, and the later fixes of it (0035, the lease
+// bound) theirs.
 func batchFixed(t *testing.T) *schemaDB {
 	t.Helper()
 	db := adoptedWithBatchedFetch(t)
 	_, err := db.Runner(t).Up(context.Background())
 	require.NoError(t, err, "migrate up")
-	fixed, _ := batchFixBodies(t)
-	require.True(t, definitionOf(t, db, "fetch_work_items").Matches(fixed), "0033's fix is installed")
+	newest, body, ok := migrations.FixFor("fetch_work_items", 22, migrations.Latest())
+	require.True(t, ok)
+	require.True(t, definitionOf(t, db, "fetch_work_items").Matches(body.Fingerprint()), "%s's fix is installed", newest.File)
 	return &schemaDB{t: t, db: db, pool: db.PgxPool(t)}
 }
 

@@ -49,16 +49,20 @@ func TestQueueReadsHaveNoGenericPlanCliff(t *testing.T) {
 	}
 }
 
-// Before the pack's latest fix of the worker fetch, its 6th call on reads
-// every item scheduled for later: the test above can fail.
+// Before the pack's fix of the worker fetch's plan (the first whose body
+// reads its visibility bound from a setting the planner sees), its 6th
+// call on reads every item scheduled for later: the test above can fail.
 func TestWorkerFetchHadAGenericPlanCliffBeforeItsFix(t *testing.T) {
 	t.Parallel()
 	var fix int64
 	for _, m := range migrations.Fixes() {
-		if slices.Contains(m.Fixes, "fetch_work_item") {
+		if fix == 0 && slices.ContainsFunc(m.Definitions, func(d migrations.Definition) bool {
+			return !d.Down && d.Function == "fetch_work_item" && strings.Contains(d.Source, "current_setting('duroxide.fetch_visible_ms'")
+		}) {
 			fix = m.Version
 		}
 	}
+	require.NotZero(t, fix, "a fix of fetch_work_item reads its bound from a setting")
 	db := dbs.New(t, fix-1)
 	cell := planshape.Cells(orch.RuntimeFilter())[0]
 	calls := callsOn(t, db, cell)
@@ -83,12 +87,14 @@ func TestRenewalsReadOnlyTheirOwnLease(t *testing.T) {
 		}
 	}
 	require.Len(t, renewals, 2)
+	// The fix that adds the index of the leases by token.
 	var fix int64
 	for _, m := range migrations.Fixes() {
-		if slices.Contains(m.Fixes, "renew_orchestration_item_lock") {
+		if slices.Contains(m.Fixes, "renew_orchestration_item_lock") && slices.Contains(m.Adds, "index idx_instance_locks_lock_token") {
 			fix = m.Version
 		}
 	}
+	require.NotZero(t, fix, "a fix of the renewal adds the index of the leases by token")
 	for _, cell := range renewals {
 		t.Run(cell.Name, func(t *testing.T) {
 			t.Parallel()

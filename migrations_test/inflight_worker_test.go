@@ -573,8 +573,12 @@ func TestBranchGenericPlanIsLeftBy0025And0028AndFixedBy0031(t *testing.T) {
 	require.NotNil(t, w)
 	require.GreaterOrEqual(t, h.workerLeaseLeft(w.Token), lockMs-workerLeaseSlackMs, "0031's lease, valid at return")
 
+	// Down to 0031 first: the later fixes' Downs put 0031's fix back.
+	_, err := r.DownTo(ctx, planFix)
+	require.NoError(t, err)
 	fixed := definitionOf(t, db, "fetch_work_item")
-	_, err := r.DownTo(ctx, planFix-1)
+	require.True(t, fingerprint.FixedFrom(fixed, planFix), "0031's fix, got %+v", fixed)
+	_, err = r.DownTo(ctx, planFix-1)
 	var pgErr *pgconn.PgError
 	require.ErrorAs(t, err, &pgErr, "the Down below 0031 is refused")
 	require.Equal(t, "55000", pgErr.Code)

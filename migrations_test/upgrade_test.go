@@ -83,18 +83,29 @@ func upgradeCases() []upgradeCase {
 		{name: "upstream's continued-as-new ack", open: inflight(upstream.InFlightContinuedAck),
 			function: "ack_orchestration_item", works: fixedAs("ack_orchestration_item", "pack 0021 fix, upstream 24 behaviour")},
 		{name: "upstream's plan bound of the worker fetch", open: inflight(upstream.InFlightWorkerPlan),
-			function: "fetch_work_item", works: fixedAs("fetch_work_item", "pack 0031 fix")},
+			function: "fetch_work_item", works: fixedAs("fetch_work_item", newestFix("fetch_work_item", 22))},
 		{name: "upstream's batched worker fetch", open: inflight(upstream.InFlightBatchedFetch),
 			function: "fetch_work_items",
 			broken: func(t *testing.T, d *testdb.Database) {
 				require.Negative(t, staleBatchedLease(t, d), "fetch_work_items(now - 10 s, 5000): the lease is dead at return")
 			},
 			works: func(t *testing.T, d *testdb.Database) {
-				fixedAs("fetch_work_items", "pack 0033 fix")(t, d)
+				fixedAs("fetch_work_items", newestFix("fetch_work_items", 22))(t, d)
 				require.Greater(t, staleBatchedLease(t, d), int64(4000), "fetch_work_items(now - 10 s, 5000): a live lease at return")
 			}},
 	}
 	return cases
+}
+
+// newestFix is the label of the pack's newest fix of function for
+// upstream behaviour behavesAs ("pack 0035 fix"), the definition the
+// restore step installs for it.
+func newestFix(function string, behavesAs int64) string {
+	fix, _, ok := migrations.FixFor(function, behavesAs, migrations.Latest())
+	if !ok {
+		return "no fix of " + function
+	}
+	return "pack " + fix.File[:4] + " fix"
 }
 
 // fixedAs checks that function holds the fix of the given definition: the

@@ -2,7 +2,8 @@ package migrations_test
 
 // Upstream's candidate fix of its issue #21 (unreleased; our port of it,
 // internal/testenv/upstream/candidate) and that candidate with the
-// amendment this project offers upstream (upstream/migrations): databases
+// amendment this project offers upstream (upstream/migrations, the
+// separate form): databases
 // duroxide-pg's runner gave them are recognised, adopted and fixed by the
 // documented commands, and no step of the way takes the candidate's
 // schema-scoped key away.
@@ -45,7 +46,7 @@ type candidateState struct {
 func candidateStates() []candidateState {
 	return []candidateState{
 		{"upstream's candidate (port)", func(t *testing.T) *testdb.Database { return dbs.UpstreamCandidate(t) }, []int64{24}, "port"},
-		{"upstream's candidate (port) with the amendment", func(t *testing.T) *testdb.Database { return dbs.UpstreamAmended(t) }, []int64{24, 25}, "ours"},
+		{"upstream's candidate (port) with the amendment", func(t *testing.T) *testdb.Database { return dbs.UpstreamAmended(t) }, []int64{24, 27}, "ours"},
 	}
 }
 
@@ -142,7 +143,7 @@ func mustUnreleased(t *testing.T, v int64) fingerprint.Unreleased {
 }
 
 // candidateUnreleased is the unreleased upstream fetch of version v
-// (upstream's candidate, 24; with the amendment, 25): versions collide
+// (upstream's candidate, 24; with the amendment, 27): versions collide
 // across upstream's branches, functions do not.
 func candidateUnreleased(v int64) (fingerprint.Unreleased, bool) {
 	for _, u := range fingerprint.UnreleasedMigrations() {

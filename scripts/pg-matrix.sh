@@ -261,6 +261,10 @@ for major in "${majors[@]}"; do
   t1="$(now_ms)"
   grep -E '^(ok|FAIL|---|panic)' "$tlog" | sed 's/^/    /' >&2 || true
   if [ "$test_res" = FAIL ]; then
+    # What failed and why, so that CI's own output carries it: every failing
+    # subtest and the error lines testify and t.Error print (at most 80).
+    msg "PostgreSQL $server_ver: failures:"
+    grep -E -- '--- FAIL|Error Trace:|Error:|Messages:|panic:|_test\.go:[0-9]+: ' "$tlog" | cut -c1-300 | head -n 80 | sed 's/^/      /' >&2 || true
     nfail="$(grep -c -- '^--- FAIL' "$tlog" || true)" # top-level tests only
     if [ "$nfail" -gt 0 ]; then test_res="FAIL ($nfail)"; else test_res=FAIL; fi
   fi

@@ -1,6 +1,6 @@
 -- 0020_fetch_lease_valid_at_return.sql
 -- Fixes: fetch_orchestration_item
--- Leaves: fetch_orchestration_item as upstream 24, 25
+-- Leaves: fetch_orchestration_item as upstream 24, 27
 --
 -- Not an upstream migration: this pack's fix of fetch_orchestration_item.
 -- (Upstream's own version 20, 0020_add_kv_delta.sql, is a different change
@@ -135,8 +135,8 @@ BEGIN
         ('fetch_orchestration_item', '899345d84cfc6d76afbfa8601405c873', 'pack 0019', 19, false),
         ('fetch_orchestration_item', '40c5d3467a5676a1ec38502e190ae645', 'pack 0020 fix', 19, true),
         ('fetch_orchestration_item', '378d41386c1abb6a0489168b0a090513', 'upstream candidate 0024, unreleased', 24, false),
-        ('fetch_orchestration_item', 'c8a9d1a08c323eac5c8038ce78a3ed66', 'upstream candidate 0024, port', 24, false),
-        ('fetch_orchestration_item', '818647aef75232168f54db3f9f6fdafd', 'upstream candidate 0024 + amendment 0025', 25, false)
+        ('fetch_orchestration_item', '089829876150568f75c7c7e649e0d1b4', 'upstream candidate 0024, port', 24, false),
+        ('fetch_orchestration_item', 'a08aa4f6aa45f2badac50a8fa1f7978b', 'upstream candidate 0024 + amendment 0027', 27, false)
     ) AS k(function_name, fingerprint, definition, behaves_as, fixed)
     WHERE k.fingerprint IN (v_raw, v_normalized);
     IF NOT FOUND THEN
@@ -412,8 +412,8 @@ BEGIN
         ('fetch_orchestration_item', '899345d84cfc6d76afbfa8601405c873', 'pack 0019', 19, false),
         ('fetch_orchestration_item', '40c5d3467a5676a1ec38502e190ae645', 'pack 0020 fix', 19, true),
         ('fetch_orchestration_item', '378d41386c1abb6a0489168b0a090513', 'upstream candidate 0024, unreleased', 24, false),
-        ('fetch_orchestration_item', 'c8a9d1a08c323eac5c8038ce78a3ed66', 'upstream candidate 0024, port', 24, false),
-        ('fetch_orchestration_item', '818647aef75232168f54db3f9f6fdafd', 'upstream candidate 0024 + amendment 0025', 25, false)
+        ('fetch_orchestration_item', '089829876150568f75c7c7e649e0d1b4', 'upstream candidate 0024, port', 24, false),
+        ('fetch_orchestration_item', 'a08aa4f6aa45f2badac50a8fa1f7978b', 'upstream candidate 0024 + amendment 0027', 27, false)
     ) AS k(function_name, fingerprint, definition, behaves_as, fixed)
     WHERE k.fingerprint IN (v_raw, v_normalized);
     IF NOT FOUND THEN

@@ -1,7 +1,7 @@
 -- 0027_fetch_by_instance_head.sql
 -- Fixes: fetch_orchestration_item
 -- Adds: table orchestrator_queue_heads, index idx_orch_heads_order, index idx_orch_instance_head, function orchestrator_queue_head_offer, function orchestrator_queue_head_refresh, function orchestrator_queue_heads_after_insert, function orchestrator_queue_heads_after_delete, function orchestrator_queue_heads_after_update, function orchestrator_queue_heads_after_truncate, trigger orchestrator_queue_heads_after_insert, trigger orchestrator_queue_heads_after_delete, trigger orchestrator_queue_heads_after_update, trigger orchestrator_queue_heads_after_truncate
--- Leaves: fetch_orchestration_item as upstream 24, 25
+-- Leaves: fetch_orchestration_item as upstream 24, 27
 -- Costs: enqueue_orchestrator_work, ack_worker, ack_orchestration_item
 --
 -- Not an upstream migration: this pack's fix of the cost of
@@ -179,8 +179,8 @@ BEGIN
         ('fetch_orchestration_item', '40c5d3467a5676a1ec38502e190ae645', 'pack 0020 fix', 19, true),
         ('fetch_orchestration_item', '10fbacba6a5c24f72547b794bce6755f', 'pack 0027 fix', 19, true),
         ('fetch_orchestration_item', '378d41386c1abb6a0489168b0a090513', 'upstream candidate 0024, unreleased', 24, false),
-        ('fetch_orchestration_item', 'c8a9d1a08c323eac5c8038ce78a3ed66', 'upstream candidate 0024, port', 24, false),
-        ('fetch_orchestration_item', '818647aef75232168f54db3f9f6fdafd', 'upstream candidate 0024 + amendment 0025', 25, false)
+        ('fetch_orchestration_item', '089829876150568f75c7c7e649e0d1b4', 'upstream candidate 0024, port', 24, false),
+        ('fetch_orchestration_item', 'a08aa4f6aa45f2badac50a8fa1f7978b', 'upstream candidate 0024 + amendment 0027', 27, false)
     ) AS k(function_name, fingerprint, definition, behaves_as, fixed)
     WHERE k.fingerprint IN (v_raw, v_normalized);
     IF NOT FOUND THEN
@@ -746,8 +746,8 @@ BEGIN
         ('fetch_orchestration_item', '40c5d3467a5676a1ec38502e190ae645', 'pack 0020 fix', 19, true),
         ('fetch_orchestration_item', '10fbacba6a5c24f72547b794bce6755f', 'pack 0027 fix', 19, true),
         ('fetch_orchestration_item', '378d41386c1abb6a0489168b0a090513', 'upstream candidate 0024, unreleased', 24, false),
-        ('fetch_orchestration_item', 'c8a9d1a08c323eac5c8038ce78a3ed66', 'upstream candidate 0024, port', 24, false),
-        ('fetch_orchestration_item', '818647aef75232168f54db3f9f6fdafd', 'upstream candidate 0024 + amendment 0025', 25, false)
+        ('fetch_orchestration_item', '089829876150568f75c7c7e649e0d1b4', 'upstream candidate 0024, port', 24, false),
+        ('fetch_orchestration_item', 'a08aa4f6aa45f2badac50a8fa1f7978b', 'upstream candidate 0024 + amendment 0027', 27, false)
     ) AS k(function_name, fingerprint, definition, behaves_as, fixed)
     WHERE k.fingerprint IN (v_raw, v_normalized);
     IF NOT FOUND THEN

@@ -98,8 +98,8 @@ BEGIN
             ('fetch_orchestration_item', '40c5d3467a5676a1ec38502e190ae645', 'pack 0020 fix', 19, true),
             ('fetch_orchestration_item', '10fbacba6a5c24f72547b794bce6755f', 'pack 0027 fix', 19, true),
             ('fetch_orchestration_item', '378d41386c1abb6a0489168b0a090513', 'upstream candidate 0024, unreleased', 24, false),
-            ('fetch_orchestration_item', 'c8a9d1a08c323eac5c8038ce78a3ed66', 'upstream candidate 0024, port', 24, false),
-            ('fetch_orchestration_item', '818647aef75232168f54db3f9f6fdafd', 'upstream candidate 0024 + amendment 0025', 25, false),
+            ('fetch_orchestration_item', '089829876150568f75c7c7e649e0d1b4', 'upstream candidate 0024, port', 24, false),
+            ('fetch_orchestration_item', 'a08aa4f6aa45f2badac50a8fa1f7978b', 'upstream candidate 0024 + amendment 0027', 27, false),
             ('fetch_orchestration_item', 'a557cbd1c735cca0e0047065fb359111', 'pack 0029 fix', 19, true),
             ('orchestrator_queue_head_offer', '9cb80919ffdf6069330de6f0c6ceabe7', 'pack 0027', 19, false),
             ('orchestrator_queue_head_offer', 'f69fbcf54821dee749cd677cd5780ecf', 'pack 0029 fix', 19, true),
@@ -462,8 +462,8 @@ BEGIN
             ('fetch_orchestration_item', '40c5d3467a5676a1ec38502e190ae645', 'pack 0020 fix', 19, true),
             ('fetch_orchestration_item', '10fbacba6a5c24f72547b794bce6755f', 'pack 0027 fix', 19, true),
             ('fetch_orchestration_item', '378d41386c1abb6a0489168b0a090513', 'upstream candidate 0024, unreleased', 24, false),
-            ('fetch_orchestration_item', 'c8a9d1a08c323eac5c8038ce78a3ed66', 'upstream candidate 0024, port', 24, false),
-            ('fetch_orchestration_item', '818647aef75232168f54db3f9f6fdafd', 'upstream candidate 0024 + amendment 0025', 25, false),
+            ('fetch_orchestration_item', '089829876150568f75c7c7e649e0d1b4', 'upstream candidate 0024, port', 24, false),
+            ('fetch_orchestration_item', 'a08aa4f6aa45f2badac50a8fa1f7978b', 'upstream candidate 0024 + amendment 0027', 27, false),
             ('fetch_orchestration_item', 'a557cbd1c735cca0e0047065fb359111', 'pack 0029 fix', 19, true),
             ('orchestrator_queue_head_offer', '9cb80919ffdf6069330de6f0c6ceabe7', 'pack 0027', 19, false),
             ('orchestrator_queue_head_offer', 'f69fbcf54821dee749cd677cd5780ecf', 'pack 0029 fix', 19, true),
@@ -486,7 +486,7 @@ BEGIN
     -- change of upstream's: refuse.
     PERFORM 1
     FROM _duroxide_migrations m
-    WHERE m.name IN ('0024_fix_expired_orchestration_lock_lease.sql', '0025_fix_lease_from_stale_caller_timestamp.sql');
+    WHERE m.name IN ('0024_fix_expired_orchestration_lock_lease.sql', '0027_bound_orchestration_lease_by_database_clock.sql');
     IF FOUND THEN
         RAISE EXCEPTION '0029: schema % records upstream''s candidate fix in _duroxide_migrations; going below 0029 would replace its schema-scoped advisory key with an unscoped one; nothing was changed', current_schema()
             USING ERRCODE = '55000',

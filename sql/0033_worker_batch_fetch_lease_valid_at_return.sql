@@ -148,6 +148,7 @@ BEGIN
     FROM (VALUES
         ('fetch_work_items', '661169cbe1943d7cefe5f1fdebc64ede', 'upstream branch 0022 batched fetch, unreleased', 22, false),
         ('fetch_work_items', '28a3539b3f2c9812d8e7dcf1335d7ff3', 'upstream branch 0022 batched fetch, port', 22, false),
+        ('fetch_work_items', '27d36fb5e75593d1b8c4ddbd9ebc67a4', 'upstream batched 0022 + amendment 0028', 28, false),
         ('fetch_work_items', 'b0ca6b94d0a1c6ece9d1009cb4d42d36', 'pack 0033 Down, as upstream branch 0022', 22, false),
         ('fetch_work_items', '8e5295d4b64e94cbd74b98c025d46fb3', 'pack 0033 fix', 22, true)
     ) AS k(function_name, fingerprint, definition, behaves_as, fixed)
@@ -468,6 +469,7 @@ BEGIN
     FROM (VALUES
         ('fetch_work_items', '661169cbe1943d7cefe5f1fdebc64ede', 'upstream branch 0022 batched fetch, unreleased', 22, false),
         ('fetch_work_items', '28a3539b3f2c9812d8e7dcf1335d7ff3', 'upstream branch 0022 batched fetch, port', 22, false),
+        ('fetch_work_items', '27d36fb5e75593d1b8c4ddbd9ebc67a4', 'upstream batched 0022 + amendment 0028', 28, false),
         ('fetch_work_items', 'b0ca6b94d0a1c6ece9d1009cb4d42d36', 'pack 0033 Down, as upstream branch 0022', 22, false),
         ('fetch_work_items', '8e5295d4b64e94cbd74b98c025d46fb3', 'pack 0033 fix', 22, true)
     ) AS k(function_name, fingerprint, definition, behaves_as, fixed)

@@ -6,10 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"os"
 	"time"
 
 	"github.com/duroxide-pg/migrations/internal/dbconn"
+	"github.com/duroxide-pg/migrations/internal/testenv/pgtest"
 )
 
 // KillBackends terminates the runtimes' backends (pg_terminate_backend, as
@@ -116,32 +116,11 @@ func (r RestartServer) Inject(ctx context.Context, _ []string) (int, error) {
 }
 
 // ErrNoFaketime marks a machine without libfaketime (Debian: apt-get
-// install faketime), which skewed clocks need.
-var ErrNoFaketime = errors.New("libfaketime is not installed (Debian: apt-get install faketime)")
-
-// faketimeLibraries are where Debian puts libfaketime's multi-threaded
-// variant (the runtime is multi-threaded).
-var faketimeLibraries = []string{
-	"/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1",
-	"/usr/lib/aarch64-linux-gnu/faketime/libfaketimeMT.so.1",
-	"/usr/lib/faketime/libfaketimeMT.so.1",
-}
+// install faketime), which skewed clocks need (pgtest.ErrNoFaketime).
+var ErrNoFaketime = pgtest.ErrNoFaketime
 
 // faketimeEnv is the environment that sets a process's clock offset from
-// the real one (nil for none): libfaketime preloaded, the monotonic clock
-// left alone so that the runtime's timeouts and sleeps keep their length.
-func faketimeEnv(offset time.Duration) ([]string, error) {
-	if offset == 0 {
-		return nil, nil
-	}
-	for _, lib := range faketimeLibraries {
-		if _, err := os.Stat(lib); err == nil {
-			return []string{
-				"LD_PRELOAD=" + lib,
-				fmt.Sprintf("FAKETIME=%+ds", int64(offset/time.Second)),
-				"FAKETIME_DONT_FAKE_MONOTONIC=1",
-			}, nil
-		}
-	}
-	return nil, ErrNoFaketime
-}
+// the real one (nil for none): pgtest.FaketimeEnv, libfaketime preloaded,
+// the monotonic clock left alone so that the runtime's timeouts and sleeps
+// keep their length.
+func faketimeEnv(offset time.Duration) ([]string, error) { return pgtest.FaketimeEnv(offset) }

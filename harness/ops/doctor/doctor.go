@@ -40,11 +40,10 @@ func rank(s string) int {
 	return 0
 }
 
-// Thresholds of the clock-skew check.
-const (
-	skewWarning  = time.Second
-	skewCritical = 30 * time.Second
-)
+// skewWarning is the clock skew from which the check warns. It is
+// critical from the pack's lease bound on (migrations.LeaseBound, read from
+// sql/): past it the database clock no longer lengthens a lease.
+const skewWarning = time.Second
 
 // Options tune Check.
 type Options struct {
@@ -294,14 +293,33 @@ func Check(ctx context.Context, q Querier, opts Options) (*Report, error) {
 	msg := fmt.Sprintf("database clock is %s %s this host (round trip %s)", skew, dir, t1.Sub(t0).Round(time.Millisecond))
 	fix := "sync both clocks (NTP/chrony); duroxide-pg leases are computed from the application host's clock"
 	switch {
-	case skew >= skewCritical:
-		add(Critical, "clock", msg, fix)
+	case skew >= skewCritical():
+		add(Critical, "clock", msg+": "+beyondLeaseBound(r.ClockSkewMs), fix)
 	case skew >= skewWarning:
 		add(Warning, "clock", msg, fix)
 	default:
 		add(OK, "clock", msg, "")
 	}
 	return r.finish(), nil
+}
+
+// skewCritical is the clock skew from which the check is critical: the
+// pack's lease bound, read from sql/ (migrations.LeaseBound).
+func skewCritical() time.Duration { return migrations.LeaseBound() }
+
+// beyondLeaseBound says what a skew of skewMs (the database's clock minus
+// this host's) at or past the pack's lease bound means for the leases.
+func beyondLeaseBound(skewMs int64) string {
+	bound := skewCritical()
+	if skewMs > 0 {
+		return fmt.Sprintf("at or beyond the pack's lease bound (%s), the most the database clock lengthens a lease: "+
+			"a caller on a clock like this host's gets its leases from its own clock plus %s, short by the database's, "+
+			"and expired at return once its clock is behind by more than %s plus the lock timeout "+
+			"(expired_leases lists the leases held past their end)", bound, bound, bound)
+	}
+	return fmt.Sprintf("at or beyond the pack's lease bound (%s): the leases follow the callers' clocks, so by the database's "+
+		"each one ends that much later than its holder's clock says (expired_leases, which reads the database clock, "+
+		"misses a lease held less than that past its end)", bound)
 }
 
 func (r *Report) finish() *Report {

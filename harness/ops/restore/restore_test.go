@@ -121,8 +121,10 @@ func TestTheRestorePutsTheFixBackOverUpstreamsCandidate(t *testing.T) {
 	fetch := planOf(t, db, d.Schema, migrations.Latest())["fetch_orchestration_item"]
 	require.Equal(t, restore.Restore, fetch.Action)
 	require.Equal(t, "upstream candidate 0024, port", fetch.Definition)
-	require.Equal(t, "0029_schema_scoped_instance_keys.sql", fetch.Fix)
-	require.Equal(t, []string{"LOCK TABLE orchestrator_queue IN EXCLUSIVE MODE;"}, fetch.Locks, "0029's locks")
+	serving, _, ok := migrations.FixFor("fetch_orchestration_item", 24, migrations.Latest())
+	require.True(t, ok, "a fix serves upstream's candidate")
+	require.Equal(t, serving.File, fetch.Fix, "the newest fix of the candidate's behaviour")
+	require.Equal(t, serving.UpLocks, fetch.Locks, "that fix's locks")
 
 	r := d.Runner(t)
 	goose, err := r.Version(context.Background())
@@ -179,12 +181,18 @@ func TestTheRestoreRefusesADefinitionNobodyKnowsAndChangesNothing(t *testing.T) 
 	require.Equal(t, before, functions(t, db, d.Schema))
 }
 
-// Below the fix that serves a behaviour, the restore leaves that
+// Below the first fix that serves a behaviour, the restore leaves that
 // behaviour's definition as it is: 0020 and 0027 would undo the
 // candidate's schema-scoped key; 0029 keeps it.
 func TestTheRestoreLeavesWhatNoFixUpToTheVersionServes(t *testing.T) {
-	serving, _, ok := migrations.FixFor("fetch_orchestration_item", 24, migrations.Latest())
-	require.True(t, ok, "a fix serves upstream's candidate")
+	var serving migrations.Migration
+	for _, m := range migrations.Fixes() {
+		if _, _, ok := migrations.FixFor("fetch_orchestration_item", 24, m.Version); ok {
+			serving = m
+			break
+		}
+	}
+	require.NotZero(t, serving.Version, "a fix serves upstream's candidate")
 	below := serving.Version - 1
 	d := dbs.New(t, below)
 	db := openDB(t, d)

@@ -43,7 +43,8 @@ func TestUpgradeReproShowsTheFixGoneAndBack(t *testing.T) {
 
 // `harness-lab repro worker-minimal` gains the batched fetch: upstream's
 // fetch_work_items (branch, port) leases a stale timestamp dead at return
-// and its ack is refused; after the pack's adoption and migrate up (0033)
+// and its ack is refused; after the pack's adoption and migrate up (its
+// latest fix of fetch_work_items)
 // the lease is whole and the ack passes.
 func TestWorkerMinimalReproShowsTheBatchedFetchBeforeAndAfterMigrateUp(t *testing.T) {
 	upstream.Require(t)
@@ -51,7 +52,7 @@ func TestWorkerMinimalReproShowsTheBatchedFetchBeforeAndAfterMigrateUp(t *testin
 	out := filepath.Join(t.TempDir(), "repro.json")
 	code, stdout, stderr := run(t, "repro", "worker-minimal", "--json", out, "--dsn", srv.DSN("postgres"))
 	require.Equal(t, cli.ExitOK, code, "stdout: %s\nstderr: %s", stdout, stderr)
-	require.Contains(t, stdout, "verdict: upstream's batched fetch shows the bug; after migrate up (0033) it is fixed")
+	require.Contains(t, stdout, "verdict: "+repro.WorkerBatchedVerdict())
 	raw, err := os.ReadFile(out)
 	require.NoError(t, err)
 	var report struct {

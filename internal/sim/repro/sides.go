@@ -99,7 +99,7 @@ func MakeSides(ctx context.Context, src *dbconn.Source, p *upstream.Provider, pr
 				if err := upstream.ApplyAmendment(ctx, src, s.Schema); err != nil {
 					return nil, err
 				}
-				s.Made += " and the amendment offered upstream (25)"
+				s.Made += " and the amendment offered upstream (" + upstream.AmendmentFile + ")"
 			}
 		default:
 			return nil, fmt.Errorf("no side %q: use %s, %s, %s or %s", key, SideUpstream, SideCandidate, SidePack, SideAmended)

@@ -3,16 +3,18 @@ package repro
 // The batched worker fetch's stale timestamp: upstream's fetch_work_items
 // (a branch migration no release carries yet; our port, applied as its
 // runner applies a file) leases from p_now_ms + timeout, the seed's defect
-// on the worker side; the pack's 0033 fixes it where duroxide-pg's runner
-// added the function. One column per schema: upstream's batched fetch on a
-// schema the real provider made, and the same fetch after the pack adopted
-// that schema and one migrate up put 0033's fix in.
+// on the worker side; the pack's fix of it (0033, bounded by 0035) fixes it
+// where duroxide-pg's runner added the function. One column per schema:
+// upstream's batched fetch on a schema the real provider made, and the same
+// fetch after the pack adopted that schema and one migrate up put the
+// pack's latest fix of it in.
 
 import (
 	"context"
 	"database/sql"
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 
@@ -164,7 +166,7 @@ func PrintWorkerBatched(w io.Writer, r WorkerBatchedResults) error {
 	for _, s := range r {
 		fmt.Fprintf(w, "  %s: %s\n", s.Side, s.Made)
 	}
-	verdict := "upstream's batched fetch shows the bug; after migrate up (0033) it is fixed"
+	verdict := WorkerBatchedVerdict()
 	if !r.OK() {
 		verdict = "NOT SHOWN: " + verdict
 	}
@@ -191,4 +193,17 @@ func workerBatchedMarkdown(r WorkerBatchedResults) string {
 	_ = PrintWorkerBatched(&b, r)
 	b.WriteString("```\n")
 	return b.String()
+}
+
+// WorkerBatchedVerdict is the verdict line when the repro shows what it
+// should, naming the pack's latest fix of upstream's batched fetch (read
+// from sql/: the fix that migrate up installs for its behaviour).
+func WorkerBatchedVerdict() string {
+	// The branch file's number is the behaviour its guard rows name.
+	behaviour, err := strconv.ParseInt(strings.SplitN(upstream.InFlightBatchedFetch, "_", 2)[0], 10, 64)
+	fix, _, ok := migrations.FixFor("fetch_work_items", behaviour, migrations.Latest())
+	if err != nil || !ok {
+		return "upstream's batched fetch shows the bug; the pack has no fix of it"
+	}
+	return fmt.Sprintf("upstream's batched fetch shows the bug; after migrate up (%04d) it is fixed", fix.Version)
 }

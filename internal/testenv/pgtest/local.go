@@ -37,6 +37,9 @@ type localServer struct {
 	preload string
 	// settings are Options.Settings, passed as -c after the defaults.
 	settings []string
+	// env is the postmaster's extra environment: libfaketime's, for
+	// Options.ClockOffset (nil for none).
+	env []string
 }
 
 // findBinaries returns the directory holding initdb, pg_ctl and postgres:
@@ -96,8 +99,12 @@ func startLocal(ctx context.Context, opts Options) (*localServer, error) {
 	if err != nil {
 		return nil, err
 	}
+	env, err := FaketimeEnv(opts.ClockOffset)
+	if err != nil {
+		return nil, err
+	}
 	sweepStale(opts.Logf)
-	s := &localServer{bin: bin, logs: &bytes.Buffer{}, done: make(chan error, 1), preload: shippedLibraries(bin, opts.Preload), settings: opts.Settings}
+	s := &localServer{bin: bin, logs: &bytes.Buffer{}, done: make(chan error, 1), preload: shippedLibraries(bin, opts.Preload), settings: opts.Settings, env: env}
 	if os.Geteuid() == 0 {
 		if s.cred, err = unprivileged(); err != nil {
 			return nil, err
@@ -105,6 +112,10 @@ func startLocal(ctx context.Context, opts Options) (*localServer, error) {
 	}
 	if s.dir, err = os.MkdirTemp("", tempPrefix); err != nil {
 		return nil, fmt.Errorf("temp dir: %w", err)
+	}
+	if err := writeOwner(s.dir); err != nil {
+		_ = os.RemoveAll(s.dir)
+		return nil, err
 	}
 	ok := false
 	defer func() {
@@ -167,7 +178,7 @@ func (s *localServer) start(ctx context.Context) error {
 	}
 	cmd := exec.Command(filepath.Join(s.bin, "postgres"), args...)
 	cmd.Dir = s.dir
-	cmd.Env = append(os.Environ(), "LC_ALL=C")
+	cmd.Env = append(append(os.Environ(), "LC_ALL=C"), s.env...)
 	cmd.Stdout = s.logs
 	cmd.Stderr = s.logs
 	// The server dies with us even when this process panics or is killed:
@@ -252,15 +263,31 @@ func freePort() (int, error) {
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
-// sweepStale removes temp directories of local servers whose postmaster is
-// no longer running (left behind by a process that was killed before it
-// could clean up).
+// ownerFile, in each directory the local backend creates, holds the
+// process id of the process that created it: a sweep leaves the directory
+// of a live process alone, even while its server is stopped (a restart).
+const ownerFile = "owner.pid"
+
+// writeOwner records this process as the owner of dir.
+func writeOwner(dir string) error {
+	if err := os.WriteFile(filepath.Join(dir, ownerFile), []byte(strconv.Itoa(os.Getpid())+"\n"), 0o644); err != nil {
+		return fmt.Errorf("record the owner of %s: %w", dir, err)
+	}
+	return nil
+}
+
+// sweepStale removes temp directories of local servers whose owner and
+// postmaster are no longer running (left behind by a process that was
+// killed before it could clean up).
 func sweepStale(logf func(string, ...any)) {
 	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), tempPrefix+"*"))
 	for _, d := range dirs {
 		st, err := os.Stat(d)
 		if err != nil || time.Since(st.ModTime()) < time.Minute {
 			continue // too young: may still be initialising
+		}
+		if pid := postmasterPID(filepath.Join(d, ownerFile)); pid > 0 && syscall.Kill(pid, 0) == nil {
+			continue // its owner is alive: its server may be restarting
 		}
 		if pid := postmasterPID(filepath.Join(d, "data", "postmaster.pid")); pid > 0 && syscall.Kill(pid, 0) == nil {
 			continue

@@ -86,6 +86,10 @@ func StartPgBouncer(ctx context.Context, srv *Server, mode string) (*PgBouncer, 
 	if b.dir, err = os.MkdirTemp("", tempPrefix+"bouncer-"); err != nil {
 		return nil, fmt.Errorf("temp dir: %w", err)
 	}
+	if err := writeOwner(b.dir); err != nil {
+		_ = os.RemoveAll(b.dir)
+		return nil, err
+	}
 	ok := false
 	defer func() {
 		if !ok {

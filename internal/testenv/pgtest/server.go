@@ -56,6 +56,14 @@ type Options struct {
 	// "max_locks_per_transaction=64". An existing server (DSN) is taken as
 	// it is.
 	Settings []string
+	// ClockOffset, when not zero, runs a started server's clock this far
+	// from the real one (a whole number of seconds; positive: ahead), with
+	// libfaketime preloaded into the postmaster and so its backends
+	// (FaketimeEnv): a database clock that disagrees with its callers'.
+	// Only the local backend starts such a server: Start fails with
+	// ErrNoFaketime without libfaketime, and refuses an existing server
+	// (DSN) or Docker.
+	ClockOffset time.Duration
 	// Logf receives progress messages; nil discards them.
 	Logf func(format string, args ...any)
 }
@@ -110,6 +118,9 @@ func Start(ctx context.Context, opts Options) (*Server, error) {
 	backend := opts.Backend
 	if backend == "" {
 		backend = Auto
+	}
+	if opts.ClockOffset != 0 && (backend == DSN || backend == Docker || (backend == Auto && opts.DSN != "")) {
+		return nil, fmt.Errorf("a server whose clock is %s off needs the local backend: it starts the server with libfaketime (the %s backend cannot)", opts.ClockOffset, backend)
 	}
 	switch backend {
 	case Local:

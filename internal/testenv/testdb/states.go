@@ -79,8 +79,9 @@ func (p *Pool) UpstreamCandidate(t testing.TB) *Database {
 }
 
 // UpstreamAmended is UpstreamCandidate with the amendment this project
-// offers upstream (upstream/migrations at the repository's root) applied
-// on top, as upstream's runner would apply it.
+// offers upstream applied on top, in its separate form
+// (upstream/migrations/0027_… at the repository's root, recorded as 27),
+// as upstream's runner would apply it.
 func (p *Pool) UpstreamAmended(t testing.TB) *Database {
 	t.Helper()
 	provider := upstream.Require(t)

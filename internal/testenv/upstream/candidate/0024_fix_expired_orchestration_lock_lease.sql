@@ -8,8 +8,24 @@
 -- carrying that fix would leave it: applied the way upstream's runner
 -- applies a migration (comments cut, one transaction, its row
 -- (24, '0024_fix_expired_orchestration_lock_lease.sql') in
--- _duroxide_migrations). Its function text, and so its fingerprint,
--- differs from upstream's; the pack's guards know both.
+-- _duroxide_migrations).
+--
+-- It follows every detail the facts state about the branch file, so that
+-- it behaves as upstream's text does, plans included: DROP FUNCTION IF
+-- EXISTS before CREATE OR REPLACE, in one format() whose two arguments are
+-- both the schema (%1$I qualifies the tables, %2$L is the key's literal);
+-- the iteration bound a named constant, checked at the top of the loop;
+-- the clock recomputed with a cast (which rounds) at the top of every
+-- iteration and after the try-lock; the candidate reset to NULL at the top
+-- of every iteration; phase 1 and phase 3 each in two branches on
+-- p_min_version_packed; the claim's upsert without an alias, then GET
+-- DIAGNOSTICS; the messages, history and KV snapshot inside the loop, then
+-- RETURN QUERY and RETURN. Where the facts say nothing (names of the
+-- variables other than v_call_start and v_now_ms, the order of the
+-- DECLAREs, the layout) the port chose, so its text, and its fingerprint,
+-- still differ from upstream's (upstream's text as its runner leaves it
+-- has fingerprint 378d41386c1abb6a0489168b0a090513; the pack's guards know
+-- both).
 --
 -- Migration 0024: fix expired orchestration lock lease (issue #21)
 --
@@ -41,6 +57,8 @@ DECLARE
     v_schema_name TEXT := current_schema();
 BEGIN
     EXECUTE format($fmt$
+DROP FUNCTION IF EXISTS %1$I.fetch_orchestration_item(BIGINT, BIGINT, BIGINT, BIGINT);
+
 CREATE OR REPLACE FUNCTION %1$I.fetch_orchestration_item(
     p_now_ms BIGINT,
     p_lock_timeout_ms BIGINT,
@@ -59,13 +77,13 @@ RETURNS TABLE(
     out_kv_snapshot JSONB
 ) AS $body$
 DECLARE
-    v_entry TIMESTAMPTZ := clock_timestamp();
-    v_now_ms BIGINT;
-    v_now TIMESTAMPTZ;
-    v_skipped TEXT[] := ARRAY[]::TEXT[];
+    v_call_start TIMESTAMPTZ := clock_timestamp();
+    c_max_iterations CONSTANT INTEGER := 50;
     v_iterations INTEGER := 0;
+    v_now_ms BIGINT;
+    v_skipped TEXT[] := ARRAY[]::TEXT[];
     v_instance_id TEXT;
-    v_found_instance TEXT;
+    v_verified_instance TEXT;
     v_lock_token TEXT;
     v_locked_until BIGINT;
     v_rows INTEGER;
@@ -79,89 +97,119 @@ DECLARE
     v_kv_snapshot JSONB;
 BEGIN
     LOOP
+        -- The bound, checked before any work of the iteration.
         v_iterations := v_iterations + 1;
-        IF v_iterations > 50 THEN
+        IF v_iterations > c_max_iterations THEN
             RETURN;
         END IF;
 
         -- The caller's clock, carried forward by the time spent in here.
-        v_now_ms := p_now_ms + floor(EXTRACT(EPOCH FROM (clock_timestamp() - v_entry)) * 1000)::BIGINT;
-        v_now := to_timestamp(v_now_ms / 1000.0);
+        v_now_ms := p_now_ms + (EXTRACT(EPOCH FROM (clock_timestamp() - v_call_start)) * 1000)::BIGINT;
+        v_instance_id := NULL;
 
-        -- The oldest eligible message of an instance not skipped yet.
-        SELECT q.instance_id INTO v_instance_id
-        FROM %1$I.orchestrator_queue q
-        LEFT JOIN %1$I.instances i ON i.instance_id = q.instance_id
-        LEFT JOIN %1$I.executions e
-               ON e.instance_id = i.instance_id
-              AND e.execution_id = i.current_execution_id
-        WHERE q.visible_at <= v_now
-          AND NOT (q.instance_id = ANY(v_skipped))
-          AND NOT EXISTS (
-              SELECT 1
-              FROM %1$I.instance_locks l
-              WHERE l.instance_id = q.instance_id
-                AND l.locked_until > v_now_ms
-          )
-          AND (p_min_version_packed IS NULL
-               OR e.duroxide_version_major IS NULL
-               OR e.duroxide_version_major * 1000000
-                  + e.duroxide_version_minor * 1000
-                  + e.duroxide_version_patch
-                  BETWEEN p_min_version_packed AND p_max_version_packed)
-        ORDER BY q.visible_at, q.id
-        LIMIT 1;
+        -- Phase 1: the oldest eligible message of an instance not skipped
+        -- yet and without a live lease. With a version range, the current
+        -- execution's pinned version must lie in it (an unpinned one
+        -- passes); without one, the queue alone is read.
+        IF p_min_version_packed IS NOT NULL THEN
+            SELECT q.instance_id INTO v_instance_id
+            FROM %1$I.orchestrator_queue q
+            LEFT JOIN %1$I.instances i ON i.instance_id = q.instance_id
+            LEFT JOIN %1$I.executions e
+                   ON e.instance_id = i.instance_id
+                  AND e.execution_id = i.current_execution_id
+            WHERE q.visible_at <= TO_TIMESTAMP(v_now_ms / 1000.0)
+              AND NOT (q.instance_id = ANY(v_skipped))
+              AND NOT EXISTS (
+                  SELECT 1 FROM %1$I.instance_locks il
+                  WHERE il.instance_id = q.instance_id
+                    AND il.locked_until > v_now_ms
+              )
+              AND (e.duroxide_version_major IS NULL
+                   OR (e.duroxide_version_major::BIGINT * 1000000
+                       + e.duroxide_version_minor * 1000
+                       + e.duroxide_version_patch)
+                      BETWEEN p_min_version_packed AND p_max_version_packed)
+            ORDER BY q.visible_at, q.id
+            LIMIT 1;
+        ELSE
+            SELECT q.instance_id INTO v_instance_id
+            FROM %1$I.orchestrator_queue q
+            WHERE q.visible_at <= TO_TIMESTAMP(v_now_ms / 1000.0)
+              AND NOT (q.instance_id = ANY(v_skipped))
+              AND NOT EXISTS (
+                  SELECT 1 FROM %1$I.instance_locks il
+                  WHERE il.instance_id = q.instance_id
+                    AND il.locked_until > v_now_ms
+              )
+            ORDER BY q.visible_at, q.id
+            LIMIT 1;
+        END IF;
 
-        IF NOT FOUND THEN
+        IF v_instance_id IS NULL THEN
             RETURN;
         END IF;
 
-        -- Schema-scoped key, never waited for.
-        IF NOT pg_try_advisory_xact_lock(hashtext(%1$L || '.' || v_instance_id)) THEN
+        -- Phase 2: the schema-scoped key, never waited for.
+        IF NOT pg_try_advisory_xact_lock(hashtext(%2$L || '.' || v_instance_id)) THEN
             v_skipped := array_append(v_skipped, v_instance_id);
             CONTINUE;
         END IF;
 
-        v_now_ms := p_now_ms + floor(EXTRACT(EPOCH FROM (clock_timestamp() - v_entry)) * 1000)::BIGINT;
-        v_now := to_timestamp(v_now_ms / 1000.0);
+        v_now_ms := p_now_ms + (EXTRACT(EPOCH FROM (clock_timestamp() - v_call_start)) * 1000)::BIGINT;
 
-        SELECT q.instance_id INTO v_found_instance
-        FROM %1$I.orchestrator_queue q
-        LEFT JOIN %1$I.instances i ON i.instance_id = q.instance_id
-        LEFT JOIN %1$I.executions e
-               ON e.instance_id = i.instance_id
-              AND e.execution_id = i.current_execution_id
-        WHERE q.instance_id = v_instance_id
-          AND q.visible_at <= v_now
-          AND NOT EXISTS (
-              SELECT 1
-              FROM %1$I.instance_locks l
-              WHERE l.instance_id = q.instance_id
-                AND l.locked_until > v_now_ms
-          )
-          AND (p_min_version_packed IS NULL
-               OR e.duroxide_version_major IS NULL
-               OR e.duroxide_version_major * 1000000
-                  + e.duroxide_version_minor * 1000
-                  + e.duroxide_version_patch
-                  BETWEEN p_min_version_packed AND p_max_version_packed)
-        FOR UPDATE OF q SKIP LOCKED;
+        -- Phase 3: the same test under a row lock, skipping rows another
+        -- transaction holds.
+        v_verified_instance := NULL;
+        IF p_min_version_packed IS NOT NULL THEN
+            SELECT q.instance_id INTO v_verified_instance
+            FROM %1$I.orchestrator_queue q
+            LEFT JOIN %1$I.instances i ON i.instance_id = q.instance_id
+            LEFT JOIN %1$I.executions e
+                   ON e.instance_id = i.instance_id
+                  AND e.execution_id = i.current_execution_id
+            WHERE q.instance_id = v_instance_id
+              AND q.visible_at <= TO_TIMESTAMP(v_now_ms / 1000.0)
+              AND NOT EXISTS (
+                  SELECT 1 FROM %1$I.instance_locks il
+                  WHERE il.instance_id = q.instance_id
+                    AND il.locked_until > v_now_ms
+              )
+              AND (e.duroxide_version_major IS NULL
+                   OR (e.duroxide_version_major::BIGINT * 1000000
+                       + e.duroxide_version_minor * 1000
+                       + e.duroxide_version_patch)
+                      BETWEEN p_min_version_packed AND p_max_version_packed)
+            FOR UPDATE OF q SKIP LOCKED;
+        ELSE
+            SELECT q.instance_id INTO v_verified_instance
+            FROM %1$I.orchestrator_queue q
+            WHERE q.instance_id = v_instance_id
+              AND q.visible_at <= TO_TIMESTAMP(v_now_ms / 1000.0)
+              AND NOT EXISTS (
+                  SELECT 1 FROM %1$I.instance_locks il
+                  WHERE il.instance_id = q.instance_id
+                    AND il.locked_until > v_now_ms
+              )
+            FOR UPDATE OF q SKIP LOCKED;
+        END IF;
 
-        IF NOT FOUND THEN
+        IF v_verified_instance IS NULL THEN
             v_skipped := array_append(v_skipped, v_instance_id);
             CONTINUE;
         END IF;
 
+        -- The claim: a lease taken over only once it has expired.
         v_lock_token := 'lock_' || gen_random_uuid()::TEXT;
         v_locked_until := v_now_ms + p_lock_timeout_ms;
 
-        INSERT INTO %1$I.instance_locks AS l (instance_id, lock_token, locked_until, locked_at)
+        INSERT INTO %1$I.instance_locks (instance_id, lock_token, locked_until, locked_at)
         VALUES (v_instance_id, v_lock_token, v_locked_until, v_now_ms)
         ON CONFLICT (instance_id) DO UPDATE
         SET lock_token = EXCLUDED.lock_token,
             locked_until = EXCLUDED.locked_until,
             locked_at = EXCLUDED.locked_at
-        WHERE l.locked_until <= v_now_ms;
+        WHERE %1$I.instance_locks.locked_until <= v_now_ms;
 
         GET DIAGNOSTICS v_rows = ROW_COUNT;
         IF v_rows = 0 THEN
@@ -169,76 +217,82 @@ BEGIN
             CONTINUE;
         END IF;
 
-        EXIT;
-    END LOOP;
+        -- Step 3: every visible message of the instance not leased at
+        -- v_now_ms gets the lease.
+        UPDATE %1$I.orchestrator_queue q
+        SET lock_token = v_lock_token,
+            locked_until = v_locked_until,
+            attempt_count = q.attempt_count + 1
+        WHERE q.instance_id = v_instance_id
+          AND q.visible_at <= TO_TIMESTAMP(v_now_ms / 1000.0)
+          AND (q.lock_token IS NULL OR q.locked_until <= v_now_ms);
 
-    UPDATE %1$I.orchestrator_queue q
-    SET lock_token = v_lock_token,
-        locked_until = v_locked_until,
-        attempt_count = q.attempt_count + 1
-    WHERE q.instance_id = v_instance_id
-      AND q.visible_at <= v_now
-      AND (q.lock_token IS NULL OR q.locked_until <= v_now_ms);
+        -- Step 4: the claimed messages in id order, their highest attempt.
+        SELECT COALESCE(jsonb_agg(q.work_item::JSONB ORDER BY q.id), '[]'::JSONB),
+               COALESCE(MAX(q.attempt_count), 1)
+        INTO v_messages, v_attempt_count
+        FROM %1$I.orchestrator_queue q
+        WHERE q.lock_token = v_lock_token;
 
-    SELECT COALESCE(jsonb_agg(q.work_item::JSONB ORDER BY q.id), '[]'::JSONB),
-           COALESCE(MAX(q.attempt_count), 1)
-    INTO v_messages, v_attempt_count
-    FROM %1$I.orchestrator_queue q
-    WHERE q.lock_token = v_lock_token;
+        -- Step 5: the instance's metadata and the current execution's history.
+        SELECT i.orchestration_name, i.orchestration_version, i.current_execution_id
+        INTO v_name, v_version, v_execution_id
+        FROM %1$I.instances i
+        WHERE i.instance_id = v_instance_id;
 
-    SELECT i.orchestration_name, i.orchestration_version, i.current_execution_id
-    INTO v_name, v_version, v_execution_id
-    FROM %1$I.instances i
-    WHERE i.instance_id = v_instance_id;
+        IF FOUND THEN
+            v_version := COALESCE(v_version, 'unknown');
 
-    IF FOUND THEN
-        v_version := COALESCE(v_version, 'unknown');
-
-        SELECT COALESCE(jsonb_agg(h.event_data::JSONB ORDER BY h.event_id), '[]'::JSONB)
-        INTO v_history
-        FROM %1$I.history h
-        WHERE h.instance_id = v_instance_id
-          AND h.execution_id = v_execution_id;
-    ELSE
-        SELECT COALESCE(jsonb_agg(h.event_data::JSONB ORDER BY h.execution_id, h.event_id), '[]'::JSONB)
-        INTO v_history
-        FROM %1$I.history h
-        WHERE h.instance_id = v_instance_id;
-
-        v_first_message := v_messages -> 0;
-
-        IF jsonb_array_length(v_history) > 0 AND (v_history -> 0) ? 'OrchestrationStarted' THEN
-            v_name := v_history -> 0 -> 'OrchestrationStarted' ->> 'name';
-            v_version := v_history -> 0 -> 'OrchestrationStarted' ->> 'version';
-            v_execution_id := 1;
-        ELSIF v_first_message ? 'StartOrchestration' THEN
-            v_name := v_first_message -> 'StartOrchestration' ->> 'orchestration';
-            v_version := COALESCE(v_first_message -> 'StartOrchestration' ->> 'version', 'unknown');
-            v_execution_id := COALESCE((v_first_message -> 'StartOrchestration' ->> 'execution_id')::BIGINT, 1);
-        ELSIF v_first_message ? 'ContinueAsNew' THEN
-            v_name := v_first_message -> 'ContinueAsNew' ->> 'orchestration';
-            v_version := COALESCE(v_first_message -> 'ContinueAsNew' ->> 'version', 'unknown');
-            v_execution_id := 1;
+            SELECT COALESCE(jsonb_agg(h.event_data::JSONB ORDER BY h.event_id), '[]'::JSONB)
+            INTO v_history
+            FROM %1$I.history h
+            WHERE h.instance_id = v_instance_id
+              AND h.execution_id = v_execution_id;
         ELSE
-            v_name := 'Unknown';
-            v_version := 'unknown';
-            v_execution_id := 1;
+            -- Step 6: no instance row yet; all of its history, and name,
+            -- version and execution from the first event or message.
+            SELECT COALESCE(jsonb_agg(h.event_data::JSONB ORDER BY h.execution_id, h.event_id), '[]'::JSONB)
+            INTO v_history
+            FROM %1$I.history h
+            WHERE h.instance_id = v_instance_id;
+
+            v_first_message := v_messages -> 0;
+
+            IF jsonb_array_length(v_history) > 0 AND (v_history -> 0) ? 'OrchestrationStarted' THEN
+                v_name := v_history -> 0 -> 'OrchestrationStarted' ->> 'name';
+                v_version := v_history -> 0 -> 'OrchestrationStarted' ->> 'version';
+                v_execution_id := 1;
+            ELSIF v_first_message ? 'StartOrchestration' THEN
+                v_name := v_first_message -> 'StartOrchestration' ->> 'orchestration';
+                v_version := COALESCE(v_first_message -> 'StartOrchestration' ->> 'version', 'unknown');
+                v_execution_id := COALESCE((v_first_message -> 'StartOrchestration' ->> 'execution_id')::BIGINT, 1);
+            ELSIF v_first_message ? 'ContinueAsNew' THEN
+                v_name := v_first_message -> 'ContinueAsNew' ->> 'orchestration';
+                v_version := COALESCE(v_first_message -> 'ContinueAsNew' ->> 'version', 'unknown');
+                v_execution_id := 1;
+            ELSE
+                v_name := 'Unknown';
+                v_version := 'unknown';
+                v_execution_id := 1;
+            END IF;
         END IF;
-    END IF;
 
-    SELECT COALESCE(jsonb_object_agg(k.key, jsonb_build_object('value', k.value,
-                                                               'last_updated_at_ms', k.last_updated_at_ms)),
-                    '{}'::JSONB)
-    INTO v_kv_snapshot
-    FROM %1$I.kv_store k
-    WHERE k.instance_id = v_instance_id;
+        -- The KV snapshot of the instance (every execution).
+        SELECT COALESCE(jsonb_object_agg(k.key, jsonb_build_object('value', k.value,
+                                                                   'last_updated_at_ms', k.last_updated_at_ms)),
+                        '{}'::JSONB)
+        INTO v_kv_snapshot
+        FROM %1$I.kv_store k
+        WHERE k.instance_id = v_instance_id;
 
-    RETURN QUERY
-    SELECT v_instance_id, v_name, v_version, v_execution_id,
-           v_history, v_messages, v_lock_token, v_attempt_count, v_kv_snapshot;
+        RETURN QUERY
+        SELECT v_instance_id, v_name, v_version, v_execution_id,
+               v_history, v_messages, v_lock_token, v_attempt_count, v_kv_snapshot;
+        RETURN;
+    END LOOP;
 END;
 $body$ LANGUAGE plpgsql;
-$fmt$, v_schema_name);
+$fmt$, v_schema_name, v_schema_name);
 
-    RAISE NOTICE 'Migration 0024: fetch_orchestration_item no longer waits on a contended instance, scopes its advisory key to the schema and measures time spent in the call';
+    RAISE NOTICE 'Migration 0024: fetch_orchestration_item skips contended instances, scopes its advisory key to the schema, stops after 50 iterations and measures time spent in the call';
 END $$;
