@@ -169,8 +169,8 @@ func runBulk(t *testing.T, db *testdb.Database, expectFailure bool) error {
 	if err := conn.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, db.Schema+".orchestrator_queue_heads").Scan(&hasHeads); err != nil {
 		return err
 	}
-	// A step is a few seconds; a plan that scans a table per row makes it
-	// hours.
+	// A step is a few seconds (each is logged with its time); a plan that
+	// scans a table per row makes it hours.
 	if _, err := conn.Exec(ctx, `SET statement_timeout = '120s'`); err != nil {
 		return err
 	}
@@ -179,7 +179,9 @@ func runBulk(t *testing.T, db *testdb.Database, expectFailure bool) error {
 		if err != nil {
 			return err
 		}
+		began := time.Now()
 		_, err = tx.Exec(ctx, step.sql)
+		t.Logf("%s: %s: %s", db.Name, step.name, time.Since(began).Round(time.Millisecond))
 		if expectFailure && i == 1 {
 			_ = tx.Rollback(ctx)
 			var pgErr *pgconn.PgError

@@ -1,4 +1,4 @@
--- The pack's restore step at goose version 33: the fixes duroxide-pg's runner
+-- The pack's restore step at goose version 37: the fixes duroxide-pg's runner
 -- replaced, installed again. Generated from sql/ (the fix migrations' guards,
 -- bodies and "-- Leaves:" / "-- Behaviour:" lines) by `harness sql restore`;
 -- do not edit. `harness migrate up` runs it after goose's migrations; with psql
@@ -55,14 +55,15 @@ BEGIN
         -- (function, fingerprint, definition, action)
         SELECT k.definition, k.action INTO v_row
         FROM (VALUES
-            ('fetch_orchestration_item', '47b1420f427a8c6faea3d15593c06e41', 'upstream 19-23', 'install 0029 a557cbd1c735cca0e0047065fb359111'),
-            ('fetch_orchestration_item', '899345d84cfc6d76afbfa8601405c873', 'pack 0019', 'install 0029 a557cbd1c735cca0e0047065fb359111'),
-            ('fetch_orchestration_item', '40c5d3467a5676a1ec38502e190ae645', 'pack 0020 fix', 'install 0029 a557cbd1c735cca0e0047065fb359111'),
-            ('fetch_orchestration_item', '378d41386c1abb6a0489168b0a090513', 'upstream candidate 0024, unreleased', 'install 0029 a557cbd1c735cca0e0047065fb359111'),
-            ('fetch_orchestration_item', 'c8a9d1a08c323eac5c8038ce78a3ed66', 'upstream candidate 0024, port', 'install 0029 a557cbd1c735cca0e0047065fb359111'),
-            ('fetch_orchestration_item', '818647aef75232168f54db3f9f6fdafd', 'upstream candidate 0024 + amendment 0025', 'install 0029 a557cbd1c735cca0e0047065fb359111'),
-            ('fetch_orchestration_item', '10fbacba6a5c24f72547b794bce6755f', 'pack 0027 fix', 'install 0029 a557cbd1c735cca0e0047065fb359111'),
-            ('fetch_orchestration_item', 'a557cbd1c735cca0e0047065fb359111', 'pack 0029 fix', 'in force'),
+            ('fetch_orchestration_item', '47b1420f427a8c6faea3d15593c06e41', 'upstream 19-23', 'install 0034 8685a2a63d0758820997aaab19a137a9'),
+            ('fetch_orchestration_item', '899345d84cfc6d76afbfa8601405c873', 'pack 0019', 'install 0034 8685a2a63d0758820997aaab19a137a9'),
+            ('fetch_orchestration_item', '40c5d3467a5676a1ec38502e190ae645', 'pack 0020 fix', 'install 0034 8685a2a63d0758820997aaab19a137a9'),
+            ('fetch_orchestration_item', '378d41386c1abb6a0489168b0a090513', 'upstream candidate 0024, unreleased', 'install 0034 8685a2a63d0758820997aaab19a137a9'),
+            ('fetch_orchestration_item', '089829876150568f75c7c7e649e0d1b4', 'upstream candidate 0024, port', 'install 0034 8685a2a63d0758820997aaab19a137a9'),
+            ('fetch_orchestration_item', 'a08aa4f6aa45f2badac50a8fa1f7978b', 'upstream candidate 0024 + amendment 0027', 'install 0034 8685a2a63d0758820997aaab19a137a9'),
+            ('fetch_orchestration_item', '10fbacba6a5c24f72547b794bce6755f', 'pack 0027 fix', 'install 0034 8685a2a63d0758820997aaab19a137a9'),
+            ('fetch_orchestration_item', 'a557cbd1c735cca0e0047065fb359111', 'pack 0029 fix', 'install 0034 8685a2a63d0758820997aaab19a137a9'),
+            ('fetch_orchestration_item', '8685a2a63d0758820997aaab19a137a9', 'pack 0034 fix', 'in force'),
             ('ack_orchestration_item', '6b8f539683584a7bf3e4243e9eb0786d', 'upstream 19', 'install 0021 9be703b17c70bdc077304f9825055125'),
             ('ack_orchestration_item', 'a7c0bb8c647b78f93b54b6eeeb521ed5', 'pack, as upstream 19', 'install 0021 9be703b17c70bdc077304f9825055125'),
             ('ack_orchestration_item', '9be703b17c70bdc077304f9825055125', 'pack 0021 fix, upstream 19 behaviour', 'in force'),
@@ -72,34 +73,41 @@ BEGIN
             ('ack_orchestration_item', 'abb583bcc970d11b3ecbb85eef1f464a', 'upstream branch 0024 continued-as-new ack, port', 'install 0021 3c40c93291f39a183831b567442fecd2'),
             ('ack_orchestration_item', '6cf0a7cfb3342824aba0d7a701dc4659', 'pack, as upstream 24', 'install 0021 3c40c93291f39a183831b567442fecd2'),
             ('ack_orchestration_item', '3c40c93291f39a183831b567442fecd2', 'pack 0021 fix, upstream 24 behaviour', 'in force'),
-            ('fetch_work_item', '5d3e664fd9550cee498ff683f89ab5a4', 'upstream 16-23', 'install 0031 3c21f180d28e8c5d9334f34cf9419e04'),
-            ('fetch_work_item', '312d6f164b022ab783b7ce4a9ac3e1e8', 'pack 0016', 'install 0031 3c21f180d28e8c5d9334f34cf9419e04'),
-            ('fetch_work_item', '0824e901fca4ea95922a3ab8856bcd81', 'pack 0025 fix', 'install 0031 3c21f180d28e8c5d9334f34cf9419e04'),
-            ('fetch_work_item', 'e565496d53e1b807954d6fe004d40772', 'upstream branch 0022 generic-plan fix, port', 'install 0031 3c21f180d28e8c5d9334f34cf9419e04'),
-            ('fetch_work_item', '4cc18c70dcdb8fa716f37e121b074580', 'pack 0028 fix', 'install 0031 3c21f180d28e8c5d9334f34cf9419e04'),
-            ('fetch_work_item', '3c21f180d28e8c5d9334f34cf9419e04', 'pack 0031 fix', 'in force'),
-            ('renew_work_item_lock', '27842e4207dab97761b627c6adc60eb2', 'upstream 14-23', 'install 0026 0dcd19d9b355eff3a7768a660a69c500'),
-            ('renew_work_item_lock', 'bc54f4cc7f122821af599e903af36181', 'pack 0014', 'install 0026 0dcd19d9b355eff3a7768a660a69c500'),
-            ('renew_work_item_lock', '0dcd19d9b355eff3a7768a660a69c500', 'pack 0026 fix', 'in force'),
-            ('renew_session_lock', '994b35482168171df72eb10d74abebc5', 'upstream 14-23', 'install 0026 d5c0fd415a52aaac2b7d0b407168181a'),
-            ('renew_session_lock', '87da68ad65c6f445a2e84ed570baaedc', 'pack 0014', 'install 0026 d5c0fd415a52aaac2b7d0b407168181a'),
-            ('renew_session_lock', 'd5c0fd415a52aaac2b7d0b407168181a', 'pack 0026 fix', 'in force'),
-            ('renew_orchestration_item_lock', '3acd62b1a71eb9767e745aa5dcbdaac3', 'upstream 2-23', 'install 0032 5cf292d7feecbe4675e1973e117bee76'),
-            ('renew_orchestration_item_lock', '219fa1b144e073a0da0b96b84f176dba', 'pack 0002', 'install 0032 5cf292d7feecbe4675e1973e117bee76'),
-            ('renew_orchestration_item_lock', '686960e405a96482486b8a040d104a6a', 'pack 0026 fix', 'install 0032 5cf292d7feecbe4675e1973e117bee76'),
-            ('renew_orchestration_item_lock', '5cf292d7feecbe4675e1973e117bee76', 'pack 0032 fix', 'in force'),
+            ('fetch_work_item', '5d3e664fd9550cee498ff683f89ab5a4', 'upstream 16-23', 'install 0035 6aaf60e360e8942b6b740a1382e2207e'),
+            ('fetch_work_item', '312d6f164b022ab783b7ce4a9ac3e1e8', 'pack 0016', 'install 0035 6aaf60e360e8942b6b740a1382e2207e'),
+            ('fetch_work_item', '0824e901fca4ea95922a3ab8856bcd81', 'pack 0025 fix', 'install 0035 6aaf60e360e8942b6b740a1382e2207e'),
+            ('fetch_work_item', 'e565496d53e1b807954d6fe004d40772', 'upstream branch 0022 generic-plan fix, port', 'install 0035 6aaf60e360e8942b6b740a1382e2207e'),
+            ('fetch_work_item', '4cc18c70dcdb8fa716f37e121b074580', 'pack 0028 fix', 'install 0035 6aaf60e360e8942b6b740a1382e2207e'),
+            ('fetch_work_item', '3c21f180d28e8c5d9334f34cf9419e04', 'pack 0031 fix', 'install 0035 6aaf60e360e8942b6b740a1382e2207e'),
+            ('fetch_work_item', '6aaf60e360e8942b6b740a1382e2207e', 'pack 0035 fix', 'in force'),
+            ('renew_work_item_lock', '27842e4207dab97761b627c6adc60eb2', 'upstream 14-23', 'install 0036 1492548829d855cbc0980265cce838ff'),
+            ('renew_work_item_lock', 'bc54f4cc7f122821af599e903af36181', 'pack 0014', 'install 0036 1492548829d855cbc0980265cce838ff'),
+            ('renew_work_item_lock', '0dcd19d9b355eff3a7768a660a69c500', 'pack 0026 fix', 'install 0036 1492548829d855cbc0980265cce838ff'),
+            ('renew_work_item_lock', '1492548829d855cbc0980265cce838ff', 'pack 0036 fix', 'in force'),
+            ('renew_session_lock', '994b35482168171df72eb10d74abebc5', 'upstream 14-23', 'install 0036 a8ff1289c6d43cde73eb8eb8e6546ad5'),
+            ('renew_session_lock', '87da68ad65c6f445a2e84ed570baaedc', 'pack 0014', 'install 0036 a8ff1289c6d43cde73eb8eb8e6546ad5'),
+            ('renew_session_lock', 'd5c0fd415a52aaac2b7d0b407168181a', 'pack 0026 fix', 'install 0036 a8ff1289c6d43cde73eb8eb8e6546ad5'),
+            ('renew_session_lock', 'a8ff1289c6d43cde73eb8eb8e6546ad5', 'pack 0036 fix', 'in force'),
+            ('renew_orchestration_item_lock', '3acd62b1a71eb9767e745aa5dcbdaac3', 'upstream 2-23', 'install 0036 ed37d76d6c56072838feed4d25ab03a4'),
+            ('renew_orchestration_item_lock', '219fa1b144e073a0da0b96b84f176dba', 'pack 0002', 'install 0036 ed37d76d6c56072838feed4d25ab03a4'),
+            ('renew_orchestration_item_lock', '686960e405a96482486b8a040d104a6a', 'pack 0026 fix', 'install 0036 ed37d76d6c56072838feed4d25ab03a4'),
+            ('renew_orchestration_item_lock', '5cf292d7feecbe4675e1973e117bee76', 'pack 0032 fix', 'install 0036 ed37d76d6c56072838feed4d25ab03a4'),
+            ('renew_orchestration_item_lock', 'ed37d76d6c56072838feed4d25ab03a4', 'pack 0036 fix', 'in force'),
             ('orchestrator_queue_head_offer', '9cb80919ffdf6069330de6f0c6ceabe7', 'pack 0027', 'install 0030 fea1358d03c8230beee9491765797530'),
             ('orchestrator_queue_head_offer', 'f69fbcf54821dee749cd677cd5780ecf', 'pack 0029 fix', 'install 0030 fea1358d03c8230beee9491765797530'),
             ('orchestrator_queue_head_offer', 'fea1358d03c8230beee9491765797530', 'pack 0030 fix', 'in force'),
-            ('orchestrator_queue_head_refresh', '39d0dff9387cd85c779aeef064c65a7b', 'pack 0027', 'install 0030 3990bdc538349ce8bc5a2792640abd5e'),
-            ('orchestrator_queue_head_refresh', '133574bbb15415b60288aff0632713cb', 'pack 0029 fix', 'install 0030 3990bdc538349ce8bc5a2792640abd5e'),
-            ('orchestrator_queue_head_refresh', '3990bdc538349ce8bc5a2792640abd5e', 'pack 0030 fix', 'in force'),
+            ('orchestrator_queue_head_refresh', '39d0dff9387cd85c779aeef064c65a7b', 'pack 0027', 'install 0037 6cd2781ed00a3dc44f2d5a0fc285bbd5'),
+            ('orchestrator_queue_head_refresh', '133574bbb15415b60288aff0632713cb', 'pack 0029 fix', 'install 0037 6cd2781ed00a3dc44f2d5a0fc285bbd5'),
+            ('orchestrator_queue_head_refresh', '3990bdc538349ce8bc5a2792640abd5e', 'pack 0030 fix', 'install 0037 6cd2781ed00a3dc44f2d5a0fc285bbd5'),
+            ('orchestrator_queue_head_refresh', '6cd2781ed00a3dc44f2d5a0fc285bbd5', 'pack 0037 fix', 'in force'),
             ('orchestrator_queue_heads_after_delete', '7ef866ec6daf067f23785aa8949801b6', 'pack 0027', 'install 0030 2cb700ddb12dc3edfe73edbb7d130bf8'),
             ('orchestrator_queue_heads_after_delete', '2cb700ddb12dc3edfe73edbb7d130bf8', 'pack 0030 fix', 'in force'),
-            ('fetch_work_items', '661169cbe1943d7cefe5f1fdebc64ede', 'upstream branch 0022 batched fetch, unreleased', 'install 0033 8e5295d4b64e94cbd74b98c025d46fb3'),
-            ('fetch_work_items', '28a3539b3f2c9812d8e7dcf1335d7ff3', 'upstream branch 0022 batched fetch, port', 'install 0033 8e5295d4b64e94cbd74b98c025d46fb3'),
-            ('fetch_work_items', 'b0ca6b94d0a1c6ece9d1009cb4d42d36', 'pack 0033 Down, as upstream branch 0022', 'install 0033 8e5295d4b64e94cbd74b98c025d46fb3'),
-            ('fetch_work_items', '8e5295d4b64e94cbd74b98c025d46fb3', 'pack 0033 fix', 'in force')
+            ('fetch_work_items', '661169cbe1943d7cefe5f1fdebc64ede', 'upstream branch 0022 batched fetch, unreleased', 'install 0035 fcdb3c264106b44e723aa4208d7a525c'),
+            ('fetch_work_items', '28a3539b3f2c9812d8e7dcf1335d7ff3', 'upstream branch 0022 batched fetch, port', 'install 0035 fcdb3c264106b44e723aa4208d7a525c'),
+            ('fetch_work_items', '27d36fb5e75593d1b8c4ddbd9ebc67a4', 'upstream batched 0022 + amendment 0028', 'install 0035 fcdb3c264106b44e723aa4208d7a525c'),
+            ('fetch_work_items', 'b0ca6b94d0a1c6ece9d1009cb4d42d36', 'pack 0033 Down, as upstream branch 0022', 'install 0035 fcdb3c264106b44e723aa4208d7a525c'),
+            ('fetch_work_items', '8e5295d4b64e94cbd74b98c025d46fb3', 'pack 0033 fix', 'install 0035 fcdb3c264106b44e723aa4208d7a525c'),
+            ('fetch_work_items', 'fcdb3c264106b44e723aa4208d7a525c', 'pack 0035 fix', 'in force')
         ) AS k(function_name, fingerprint, definition, action)
         WHERE k.function_name = v_fn.name
           AND k.fingerprint IN (v_raw, v_normalized)
@@ -116,9 +124,8 @@ BEGIN
                   HINT = 'The pack installs its fixes only over definitions it knows. `harness doctor` shows what is installed; compare it with upstream''s and the pack''s texts.';
     END IF;
 
-    IF v_plan #>> '{fetch_orchestration_item,action}' = 'install 0029 a557cbd1c735cca0e0047065fb359111' THEN
-        LOCK TABLE orchestrator_queue IN EXCLUSIVE MODE;
--- The body 0029_schema_scoped_instance_keys.sql installs (fingerprint a557cbd1c735cca0e0047065fb359111).
+    IF v_plan #>> '{fetch_orchestration_item,action}' = 'install 0034 8685a2a63d0758820997aaab19a137a9' THEN
+-- The body 0034_fetch_lease_bounded_by_the_database_clock.sql installs (fingerprint 8685a2a63d0758820997aaab19a137a9).
 CREATE OR REPLACE FUNCTION fetch_orchestration_item(
     p_now_ms bigint,
     p_lock_timeout_ms bigint,
@@ -144,6 +151,9 @@ DECLARE
     c_max_candidates CONSTANT integer := 32;
     -- Longest lease accepted: one day.
     c_max_lock_timeout_ms CONSTANT bigint := 86400000;
+    -- The most the database clock may move a lease's start past the
+    -- caller's clock carried forward (the header's "Lease bound" line).
+    c_lease_bound_ms CONSTANT bigint := 30000;
 
     v_stmt_ms bigint;     -- database clock when the statement started
     v_now_ms bigint;      -- the caller's clock, carried forward
@@ -336,11 +346,12 @@ BEGIN
         FROM kv_store kv
         WHERE kv.instance_id = v_instance_id;
 
-        -- The lease starts now, after all the work above: the later of the
-        -- caller's clock and the database's, plus the timeout.
+        -- The lease starts now, after all the work above: at the caller's
+        -- clock, or at the database's when that is later, by at most
+        -- c_lease_bound_ms; plus the timeout.
         v_db_ms := floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint;
         v_now_ms := p_now_ms + (v_db_ms - v_stmt_ms);
-        v_lease_end := greatest(v_now_ms, v_db_ms) + p_lock_timeout_ms;
+        v_lease_end := v_now_ms + least(greatest(v_db_ms - v_now_ms, 0), c_lease_bound_ms) + p_lock_timeout_ms;
         UPDATE instance_locks SET locked_until = v_lease_end
          WHERE instance_id = v_instance_id AND lock_token = v_lock_token;
         UPDATE orchestrator_queue SET locked_until = v_lease_end
@@ -353,7 +364,7 @@ BEGIN
     -- Every candidate tried was contended: no row, the caller polls again.
 END;
 $fn$;
-        RAISE NOTICE 'restore: fetch_orchestration_item was %; installed the fix of 0029_schema_scoped_instance_keys.sql', v_plan #>> '{fetch_orchestration_item,definition}';
+        RAISE NOTICE 'restore: fetch_orchestration_item was %; installed the fix of 0034_fetch_lease_bounded_by_the_database_clock.sql', v_plan #>> '{fetch_orchestration_item,definition}';
     END IF;
 
     IF v_plan #>> '{ack_orchestration_item,action}' = 'install 0021 9be703b17c70bdc077304f9825055125' THEN
@@ -1166,8 +1177,8 @@ $fn$;
         RAISE NOTICE 'restore: ack_orchestration_item was %; installed the fix of 0021_ack_locks_its_lease.sql', v_plan #>> '{ack_orchestration_item,definition}';
     END IF;
 
-    IF v_plan #>> '{fetch_work_item,action}' = 'install 0031 3c21f180d28e8c5d9334f34cf9419e04' THEN
--- The body 0031_worker_fetch_plans_with_its_bound.sql installs (fingerprint 3c21f180d28e8c5d9334f34cf9419e04).
+    IF v_plan #>> '{fetch_work_item,action}' = 'install 0035 6aaf60e360e8942b6b740a1382e2207e' THEN
+-- The body 0035_worker_fetch_leases_bounded_by_the_database_clock.sql installs (fingerprint 6aaf60e360e8942b6b740a1382e2207e).
 CREATE OR REPLACE FUNCTION fetch_work_item(
     p_now_ms bigint,
     p_lock_timeout_ms bigint,
@@ -1185,6 +1196,9 @@ DECLARE
     c_max_candidates CONSTANT integer := 32;
     -- Longest lease accepted: one day.
     c_max_lock_timeout_ms CONSTANT bigint := 86400000;
+    -- The most the database clock may move a lease's start past the
+    -- caller's clock carried forward (the header's "Lease bound" line).
+    c_lease_bound_ms CONSTANT bigint := 30000;
     -- Advisory lock class of session claims, in the two-key space (the
     -- orchestration fetch's instance locks use the one-key space).
     c_session_claim CONSTANT integer := 1400;
@@ -1352,10 +1366,11 @@ BEGIN
         END IF;
 
         -- The leases start now, after every step that could take time: the
-        -- later of the caller's clock and the database's, plus the timeout.
+        -- caller's clock, or the database's when that is later, by at most
+        -- c_lease_bound_ms; plus the timeout.
         v_db_ms := floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint;
         v_now_ms := p_now_ms + (v_db_ms - v_stmt_ms);
-        v_lease_start := greatest(v_now_ms, v_db_ms);
+        v_lease_start := v_now_ms + least(greatest(v_db_ms - v_now_ms, 0), c_lease_bound_ms);
 
         IF v_session_id IS NOT NULL THEN
             -- A session this owner already holds keeps a later expiry and a
@@ -1383,11 +1398,11 @@ BEGIN
     -- Every session tried was contended: no row, the caller polls again.
 END;
 $fn$;
-        RAISE NOTICE 'restore: fetch_work_item was %; installed the fix of 0031_worker_fetch_plans_with_its_bound.sql', v_plan #>> '{fetch_work_item,definition}';
+        RAISE NOTICE 'restore: fetch_work_item was %; installed the fix of 0035_worker_fetch_leases_bounded_by_the_database_clock.sql', v_plan #>> '{fetch_work_item,definition}';
     END IF;
 
-    IF v_plan #>> '{renew_work_item_lock,action}' = 'install 0026 0dcd19d9b355eff3a7768a660a69c500' THEN
--- The body 0026_renewals_extend_after_the_wait.sql installs (fingerprint 0dcd19d9b355eff3a7768a660a69c500).
+    IF v_plan #>> '{renew_work_item_lock,action}' = 'install 0036 1492548829d855cbc0980265cce838ff' THEN
+-- The body 0036_renewals_bounded_by_the_database_clock.sql installs (fingerprint 1492548829d855cbc0980265cce838ff).
 CREATE OR REPLACE FUNCTION renew_work_item_lock(
     p_lock_token text,
     p_now_ms bigint,
@@ -1400,6 +1415,9 @@ AS $fn$
 DECLARE
     -- Longest extension accepted: one day.
     c_max_extend_secs CONSTANT bigint := 86400;
+    -- The most the database clock may move a lease's start past the
+    -- caller's clock carried forward (the header's "Lease bound" line).
+    c_lease_bound_ms CONSTANT bigint := 30000;
 
     v_stmt_ms bigint;     -- database clock when the statement started
     v_now_ms bigint;      -- the caller's clock, carried forward
@@ -1427,12 +1445,13 @@ BEGIN
     WHERE q.lock_token = p_lock_token
     FOR UPDATE;
 
-    -- The new expiry: the later of the caller's clock and the database's,
-    -- plus the extension; a later expiry already written is kept.
+    -- The new expiry: from the caller's clock, or from the database's when
+    -- that is later, by at most c_lease_bound_ms; plus the extension; a
+    -- later expiry already written is kept.
     v_db_ms := floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint;
     v_now_ms := p_now_ms + (v_db_ms - v_stmt_ms);
     UPDATE worker_queue
-       SET locked_until = greatest(locked_until, greatest(v_now_ms, v_db_ms) + p_extend_secs * 1000)
+       SET locked_until = greatest(locked_until, v_now_ms + least(greatest(v_db_ms - v_now_ms, 0), c_lease_bound_ms) + p_extend_secs * 1000)
      WHERE lock_token = p_lock_token
        AND locked_until > v_now_ms;
 
@@ -1453,11 +1472,11 @@ BEGIN
     END IF;
 END;
 $fn$;
-        RAISE NOTICE 'restore: renew_work_item_lock was %; installed the fix of 0026_renewals_extend_after_the_wait.sql', v_plan #>> '{renew_work_item_lock,definition}';
+        RAISE NOTICE 'restore: renew_work_item_lock was %; installed the fix of 0036_renewals_bounded_by_the_database_clock.sql', v_plan #>> '{renew_work_item_lock,definition}';
     END IF;
 
-    IF v_plan #>> '{renew_session_lock,action}' = 'install 0026 d5c0fd415a52aaac2b7d0b407168181a' THEN
--- The body 0026_renewals_extend_after_the_wait.sql installs (fingerprint d5c0fd415a52aaac2b7d0b407168181a).
+    IF v_plan #>> '{renew_session_lock,action}' = 'install 0036 a8ff1289c6d43cde73eb8eb8e6546ad5' THEN
+-- The body 0036_renewals_bounded_by_the_database_clock.sql installs (fingerprint a8ff1289c6d43cde73eb8eb8e6546ad5).
 CREATE OR REPLACE FUNCTION renew_session_lock(
     p_owner_ids text[],
     p_now_ms bigint,
@@ -1471,6 +1490,9 @@ AS $fn$
 DECLARE
     -- Longest extension accepted: one day.
     c_max_extend_ms CONSTANT bigint := 86400000;
+    -- The most the database clock may move a lease's start past the
+    -- caller's clock carried forward (the header's "Lease bound" line).
+    c_lease_bound_ms CONSTANT bigint := 30000;
 
     v_stmt_ms bigint;     -- database clock when the statement started
     v_now_ms bigint;      -- the caller's clock, carried forward
@@ -1507,13 +1529,14 @@ BEGIN
         FOR UPDATE
     ) l;
 
-    -- Extend the live, non-idle ones, judged after the wait: the later of
-    -- the caller's clock and the database's, plus the extension; a later
-    -- expiry already written (by a fetch) is kept. Renewing is not activity.
+    -- Extend the live, non-idle ones, judged after the wait: from the
+    -- caller's clock, or from the database's when that is later, by at most
+    -- c_lease_bound_ms; plus the extension; a later expiry already written
+    -- (by a fetch) is kept. Renewing is not activity.
     v_db_ms := floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint;
     v_now_ms := p_now_ms + (v_db_ms - v_stmt_ms);
     UPDATE sessions
-       SET locked_until = greatest(locked_until, greatest(v_now_ms, v_db_ms) + p_extend_ms)
+       SET locked_until = greatest(locked_until, v_now_ms + least(greatest(v_db_ms - v_now_ms, 0), c_lease_bound_ms) + p_extend_ms)
      WHERE session_id = ANY(v_locked)
        AND worker_id = ANY(p_owner_ids)
        AND locked_until > v_now_ms
@@ -1523,11 +1546,11 @@ BEGIN
     RETURN v_row_count;
 END;
 $fn$;
-        RAISE NOTICE 'restore: renew_session_lock was %; installed the fix of 0026_renewals_extend_after_the_wait.sql', v_plan #>> '{renew_session_lock,definition}';
+        RAISE NOTICE 'restore: renew_session_lock was %; installed the fix of 0036_renewals_bounded_by_the_database_clock.sql', v_plan #>> '{renew_session_lock,definition}';
     END IF;
 
-    IF v_plan #>> '{renew_orchestration_item_lock,action}' = 'install 0032 5cf292d7feecbe4675e1973e117bee76' THEN
--- The body 0032_renewal_reads_its_lease_by_token.sql installs (fingerprint 5cf292d7feecbe4675e1973e117bee76).
+    IF v_plan #>> '{renew_orchestration_item_lock,action}' = 'install 0036 ed37d76d6c56072838feed4d25ab03a4' THEN
+-- The body 0036_renewals_bounded_by_the_database_clock.sql installs (fingerprint ed37d76d6c56072838feed4d25ab03a4).
 CREATE OR REPLACE FUNCTION renew_orchestration_item_lock(p_lock_token text, p_now_ms bigint, p_extend_secs bigint)
 RETURNS void
 LANGUAGE plpgsql
@@ -1536,6 +1559,9 @@ AS $fn$
 DECLARE
     -- Longest extension accepted: one day.
     c_max_extend_secs CONSTANT bigint := 86400;
+    -- The most the database clock may move a lease's start past the
+    -- caller's clock carried forward (the header's "Lease bound" line).
+    c_lease_bound_ms CONSTANT bigint := 30000;
 
     v_stmt_ms bigint;     -- database clock when the statement started
     v_now_ms bigint;      -- the caller's clock, carried forward
@@ -1565,14 +1591,15 @@ BEGIN
     WHERE l.lock_token = p_lock_token
     FOR UPDATE;
 
-    -- The new expiry: the later of the caller's clock and the database's,
-    -- plus the extension; a later expiry already written is kept.
+    -- The new expiry: from the caller's clock, or from the database's when
+    -- that is later, by at most c_lease_bound_ms; plus the extension; a
+    -- later expiry already written is kept.
     v_db_ms := floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint;
     v_now_ms := p_now_ms + (v_db_ms - v_stmt_ms);
     IF v_instance_id IS NULL OR v_locked_until <= v_now_ms THEN
         RAISE EXCEPTION 'Lock token invalid, expired, or already released';
     END IF;
-    v_locked_until := greatest(v_locked_until, greatest(v_now_ms, v_db_ms) + p_extend_secs * 1000);
+    v_locked_until := greatest(v_locked_until, v_now_ms + least(greatest(v_db_ms - v_now_ms, 0), c_lease_bound_ms) + p_extend_secs * 1000);
 
     -- The row is locked: write it by its primary key.
     UPDATE instance_locks l
@@ -1585,7 +1612,7 @@ BEGIN
      WHERE q.lock_token = p_lock_token;
 END;
 $fn$;
-        RAISE NOTICE 'restore: renew_orchestration_item_lock was %; installed the fix of 0032_renewal_reads_its_lease_by_token.sql', v_plan #>> '{renew_orchestration_item_lock,definition}';
+        RAISE NOTICE 'restore: renew_orchestration_item_lock was %; installed the fix of 0036_renewals_bounded_by_the_database_clock.sql', v_plan #>> '{renew_orchestration_item_lock,definition}';
     END IF;
 
     IF v_plan #>> '{orchestrator_queue_head_offer,action}' = 'install 0030 fea1358d03c8230beee9491765797530' THEN
@@ -1627,15 +1654,19 @@ $fn$;
         RAISE NOTICE 'restore: orchestrator_queue_head_offer was %; installed the fix of 0030_queue_heads_by_row_lock.sql', v_plan #>> '{orchestrator_queue_head_offer,definition}';
     END IF;
 
-    IF v_plan #>> '{orchestrator_queue_head_refresh,action}' = 'install 0030 3990bdc538349ce8bc5a2792640abd5e' THEN
-        LOCK TABLE orchestrator_queue IN EXCLUSIVE MODE;
--- The body 0030_queue_heads_by_row_lock.sql installs (fingerprint 3990bdc538349ce8bc5a2792640abd5e).
+    IF v_plan #>> '{orchestrator_queue_head_refresh,action}' = 'install 0037 6cd2781ed00a3dc44f2d5a0fc285bbd5' THEN
+-- The body 0037_queue_head_refresh_plans_by_its_instance.sql installs (fingerprint 6cd2781ed00a3dc44f2d5a0fc285bbd5).
 CREATE OR REPLACE FUNCTION orchestrator_queue_head_refresh(p_instance_id text)
 RETURNS void
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
 SET enable_seqscan = off
+SET enable_sort = off
+SET enable_incremental_sort = off
 AS $fn$
+-- Planned with sorts off (0037): the instance's oldest message is read in
+-- the order of idx_orch_instance_head, never found by sorting what a
+-- scan of another index returned.
 DECLARE
     v_visible_at timestamptz;
     v_id bigint;
@@ -1669,7 +1700,7 @@ BEGIN
     END IF;
 END;
 $fn$;
-        RAISE NOTICE 'restore: orchestrator_queue_head_refresh was %; installed the fix of 0030_queue_heads_by_row_lock.sql', v_plan #>> '{orchestrator_queue_head_refresh,definition}';
+        RAISE NOTICE 'restore: orchestrator_queue_head_refresh was %; installed the fix of 0037_queue_head_refresh_plans_by_its_instance.sql', v_plan #>> '{orchestrator_queue_head_refresh,definition}';
     END IF;
 
     IF v_plan #>> '{orchestrator_queue_heads_after_delete,action}' = 'install 0030 2cb700ddb12dc3edfe73edbb7d130bf8' THEN
@@ -1700,8 +1731,8 @@ $fn$;
         RAISE NOTICE 'restore: orchestrator_queue_heads_after_delete was %; installed the fix of 0030_queue_heads_by_row_lock.sql', v_plan #>> '{orchestrator_queue_heads_after_delete,definition}';
     END IF;
 
-    IF v_plan #>> '{fetch_work_items,action}' = 'install 0033 8e5295d4b64e94cbd74b98c025d46fb3' THEN
--- The body 0033_worker_batch_fetch_lease_valid_at_return.sql installs (fingerprint 8e5295d4b64e94cbd74b98c025d46fb3).
+    IF v_plan #>> '{fetch_work_items,action}' = 'install 0035 fcdb3c264106b44e723aa4208d7a525c' THEN
+-- The body 0035_worker_fetch_leases_bounded_by_the_database_clock.sql installs (fingerprint fcdb3c264106b44e723aa4208d7a525c).
 CREATE OR REPLACE FUNCTION fetch_work_items(
     p_now_ms bigint,
     p_lock_timeout_ms bigint,
@@ -1721,6 +1752,9 @@ DECLARE
     c_max_scan CONSTANT integer := 1024;
     -- Longest lease accepted: one day.
     c_max_lock_timeout_ms CONSTANT bigint := 86400000;
+    -- The most the database clock may move a lease's start past the
+    -- caller's clock carried forward (the header's "Lease bound" line).
+    c_lease_bound_ms CONSTANT bigint := 30000;
     -- Advisory lock classes of session and item claims, in the two-key
     -- space: fetch_work_item's (0025, 0028), so that a single and a
     -- batched fetch exclude each other.
@@ -1939,10 +1973,11 @@ BEGIN
     END IF;
 
     -- The leases start now, after every step that could take time: the
-    -- later of the caller's clock and the database's, plus the timeout.
+    -- caller's clock, or the database's when that is later, by at most
+    -- c_lease_bound_ms; plus the timeout.
     v_db_ms := floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint;
     v_now_ms := p_now_ms + (v_db_ms - v_stmt_ms);
-    v_lease_start := greatest(v_now_ms, v_db_ms);
+    v_lease_start := v_now_ms + least(greatest(v_db_ms - v_now_ms, 0), c_lease_bound_ms);
 
     -- A session this owner already held keeps a later expiry and a later
     -- activity stamp than these.
@@ -1968,7 +2003,7 @@ BEGIN
     ORDER BY l.session_id NULLS FIRST, l.id;
 END;
 $fn$;
-        RAISE NOTICE 'restore: fetch_work_items was %; installed the fix of 0033_worker_batch_fetch_lease_valid_at_return.sql', v_plan #>> '{fetch_work_items,definition}';
+        RAISE NOTICE 'restore: fetch_work_items was %; installed the fix of 0035_worker_fetch_leases_bounded_by_the_database_clock.sql', v_plan #>> '{fetch_work_items,definition}';
     END IF;
 
     -- What upstream changed in a way no fix of the pack serves yet.
