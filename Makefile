@@ -15,10 +15,22 @@ FUZZTIME ?= 10m
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
 
-upstream: ## install the real duroxide-pg provider (npm duroxide-linux-x64-gnu, pinned in tools/upstream) that the adoption tests run
-	@if command -v npm >/dev/null 2>&1; then \
-	  npm ci --prefix tools/upstream --no-audit --no-fund --loglevel=error; \
-	else echo "make upstream: npm not found; the tests that need the real provider will skip and say so"; fi
+# npm ci deletes node_modules before it installs: run while a runtime has
+# the addon loaded (a parallel test, a repro), it would pull the library
+# out from under that process (SIGBUS). So it runs only when the installed
+# tree is not the lockfile's: the lockfile is copied into node_modules
+# after a good install, and compared before the next.
+UPSTREAM_STAMP := tools/upstream/node_modules/.installed-package-lock.json
+
+upstream: ## install the real duroxide-pg provider (npm duroxide-linux-x64-gnu, pinned in tools/upstream) that the adoption tests run; nothing to do when it is installed as the lockfile says
+	@if ! command -v npm >/dev/null 2>&1; then \
+	  echo "make upstream: npm not found; the tests that need the real provider will skip and say so"; \
+	elif cmp -s tools/upstream/package-lock.json $(UPSTREAM_STAMP); then \
+	  echo "make upstream: tools/upstream is installed as its lockfile says"; \
+	else \
+	  npm ci --prefix tools/upstream --no-audit --no-fund --loglevel=error && \
+	  cp tools/upstream/package-lock.json $(UPSTREAM_STAMP); \
+	fi
 
 test: upstream ## every test on a throwaway PostgreSQL (one package at a time: the repro tests are timing-based), then the quick matrix on MATRIX_MAJORS (default "14 18")
 	$(GO) test -p 1 -count=1 -timeout 20m ./...

@@ -115,7 +115,7 @@ var docSpecs = map[string]docSpec{
 	"go run ./harness/cmd/harness baseline --dsn \"$DSN\" --schema duroxide --dry-run": {state: realUpstream},
 	"psql \"$DSN\" -c 'CREATE SCHEMA IF NOT EXISTS duroxide'":                          {state: fresh},
 	// docs/BENCH.md, docs/MATRIX.md
-	"make bench                                   # = harness-lab bench --rounds 5 --report docs/bench, then the lab's scenarios below": {
+	"make bench                                   # = harness-lab bench --report docs/bench": {
 		state: notRun, why: "a full bench takes 8 minutes and rewrites docs/bench/; its scenarios run at small sizes in internal/sim/bench's tests"},
 	"scripts/pg-matrix.sh                 # 14 15 16 17 18, full suite": {
 		state: notRun, why: ".ci/run runs it (make matrix, MATRIX_TESTS=pack on 14, 16, 17, 18); the full matrix is five runs of the suite"},

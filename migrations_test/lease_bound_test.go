@@ -39,16 +39,23 @@ const (
 )
 
 // boundedVersions are the pack version before the first fix that bounds a
-// lease (every lease unbounded) and the latest (every lease bounded).
-func boundedVersions(t *testing.T) (unbounded, latest int64) {
+// lease (every lease unbounded) and the version of the last one (every
+// lease bounded; the pack's later fixes, if any, leave leases alone).
+func boundedVersions(t *testing.T) (unbounded, bounded int64) {
 	t.Helper()
 	for _, m := range migrations.Fixes() {
-		if m.LeaseBoundMs != 0 {
-			return m.Version - 1, migrations.Latest()
+		if m.LeaseBoundMs == 0 {
+			continue
 		}
+		if unbounded == 0 {
+			unbounded = m.Version - 1
+		}
+		bounded = m.Version
 	}
-	t.Fatal("no fix of the pack states a lease bound")
-	return 0, 0
+	if bounded == 0 {
+		t.Fatal("no fix of the pack states a lease bound")
+	}
+	return unbounded, bounded
 }
 
 // leaseWrite is one lease a holder's call wrote: its end, the timeout (or
