@@ -33,8 +33,8 @@ const (
 
 // At the pack's latest each refresh reads its instance's entries of
 // idx_orch_instance_head; at the version before the newest fix of the
-// refresh, planned on the same statistics, each read the whole of
-// idx_orch_visible (the test can fail).
+// refresh, planned on the same statistics, PostgreSQL 14 and 15 read the
+// whole of idx_orch_visible for each (the test can fail).
 func TestHeadRefreshReadsOnlyItsInstanceUnderAnEmptiedQueuesStatistics(t *testing.T) {
 	t.Parallel()
 	var fix int64
@@ -53,8 +53,16 @@ func TestHeadRefreshReadsOnlyItsInstanceUnderAnEmptiedQueuesStatistics(t *testin
 	} {
 		t.Run(fmt.Sprintf("%s (goose %d)", side.name, side.version), func(t *testing.T) {
 			t.Parallel()
-			read := refreshReads(t, side.version)
+			read, major := refreshReads(t, side.version)
 			if side.version < fix {
+				// PostgreSQL 14 and 15 choose the scan from these
+				// statistics (every run here); 16's planner, in CI's
+				// matrix, did not. Where it does not, the figures are
+				// reported.
+				if major >= 16 {
+					t.Logf("PostgreSQL %d: at goose %d the refresh read %d entries of idx_orch_visible (14 and 15 read every one for every refresh)", major, side.version, read["idx_orch_visible"])
+					return
+				}
 				require.GreaterOrEqual(t, read["idx_orch_visible"], int64(refreshDeletes*refreshQueueMessages), "planned on these statistics, every refresh scans idx_orch_visible: %v", read)
 				return
 			}
@@ -68,8 +76,9 @@ func TestHeadRefreshReadsOnlyItsInstanceUnderAnEmptiedQueuesStatistics(t *testin
 // version, deletes them, analyzes the queue (no live row, its pages still
 // there: an emptied queue's statistics), queues them again, and on a new
 // session deletes refreshDeletes of them by id in one transaction: the
-// index entries of the queue's indexes that transaction read, by index.
-func refreshReads(t *testing.T, version int64) map[string]int64 {
+// index entries of the queue's indexes that transaction read, by index,
+// and the server's major version.
+func refreshReads(t *testing.T, version int64) (map[string]int64, int) {
 	ctx := context.Background()
 	db := dbs.New(t, version)
 	s := pgx.Identifier{db.Schema}.Sanitize()
@@ -130,5 +139,7 @@ func refreshReads(t *testing.T, version int64) map[string]int64 {
 	var heads int64
 	require.NoError(t, tx.QueryRow(ctx, fmt.Sprintf(`SELECT count(*) FROM %s.orchestrator_queue_heads h WHERE h.id = ANY($1)`, s), ids).Scan(&heads))
 	require.Zero(t, heads, "the refresh deleted the heads of the instances left without messages")
-	return read
+	var num int
+	require.NoError(t, tx.QueryRow(ctx, `SELECT current_setting('server_version_num')::int`).Scan(&num))
+	return read, num / 10000
 }

@@ -244,8 +244,12 @@ func TestBranchGenericPlanPortIsVersion16sFetchWithADatabaseClockBound(t *testin
 
 // (4) Upstream's branch fix of the generic plan against the pack's 0031
 // (docs/design/worker-plan-bound.md has the figures): with 100,000 items
-// scheduled for later, both read the visible items only in every call,
-// where upstream 16-23 reads all of them from call 6 on. They differ in the
+// scheduled for later, both read the visible items only from call 6 on,
+// where upstream 16-23 reads all of them; the pack reads them only in
+// every call. Upstream's branch fix's first five calls (custom plans) are
+// reported, not asserted: on PostgreSQL 16 its custom plan sometimes read
+// all 100,000 (CI's matrix), which is upstream's code and its planner's
+// estimate, not what this cell is about. They differ in the
 // clock the bound is on: a caller whose clock runs ahead of the database's
 // sees a due item late by the skew at upstream's branch, on time at 0031;
 // a caller whose clock lags sees it when its own clock says so at both.
@@ -255,14 +259,16 @@ func TestWorkerPlanBoundUpstreamsBranchVersus0031(t *testing.T) {
 		name  string
 		open  func(t *testing.T) *testdb.Database
 		cliff bool
+		// genericOnly: only calls 6 on (the generic plan) are asserted.
+		genericOnly bool
 	}{
-		{"upstream 16-23 (the real provider)", func(t *testing.T) *testdb.Database { return dbs.RealProvider(t) }, true},
+		{"upstream 16-23 (the real provider)", func(t *testing.T) *testdb.Database { return dbs.RealProvider(t) }, true, false},
 		{"upstream's branch fix (port)", func(t *testing.T) *testdb.Database {
 			db := dbs.RealProvider(t)
 			applyInFlight(t, db, upstream.InFlightWorkerPlan)
 			return db
-		}, false},
-		{fmt.Sprintf("pack %04d", migrations.Latest()), func(t *testing.T) *testdb.Database { return dbs.New(t, migrations.Latest()) }, false},
+		}, false, true},
+		{fmt.Sprintf("pack %04d", migrations.Latest()), func(t *testing.T) *testdb.Database { return dbs.New(t, migrations.Latest()) }, false, false},
 	}
 	for _, cell := range workerPlanCells(t) {
 		for _, side := range sides {
@@ -272,6 +278,13 @@ func TestWorkerPlanBoundUpstreamsBranchVersus0031(t *testing.T) {
 				t.Logf("%s, %s: rows read per call: %v", cell.Name, side.name, rows)
 				if side.cliff {
 					require.GreaterOrEqual(t, slices.Min(rows[5:]), int64(planshape.DefaultRows), "from call 6 on every item scheduled for later is read: %v", rows)
+					return
+				}
+				if side.genericOnly {
+					if slices.Max(rows[:5]) >= int64(planshape.DefaultRows/100) {
+						t.Logf("%s, %s: a custom plan of the first five calls read the rows scheduled for later: %v", cell.Name, side.name, rows[:5])
+					}
+					require.Less(t, slices.Max(rows[5:]), int64(planshape.DefaultRows/100), "calls 6 on read a few rows: %v", rows)
 					return
 				}
 				require.Less(t, slices.Max(rows), int64(planshape.DefaultRows/100), "every call reads a few rows: %v", rows)
