@@ -67,7 +67,7 @@ func TestHeadRefreshReadsOnlyItsInstanceUnderAnEmptiedQueuesStatistics(t *testin
 				return
 			}
 			require.Zero(t, read["idx_orch_visible"], "no refresh scans idx_orch_visible: %v", read)
-			require.LessOrEqual(t, read["idx_orch_instance_head"], int64(4*refreshDeletes), "each refresh reads its instance's entries: %v", read)
+			require.LessOrEqual(t, read["idx_orch_instance_head"], int64(10*refreshDeletes), "each refresh reads its instance's entries (a live one, dead ones not yet cleaned up), not the queue's: %v", read)
 		})
 	}
 }
