@@ -139,13 +139,30 @@ func (l LogLine) Text() string {
 	return b.String()
 }
 
-// leaseText matches the runtime's lines about a lock lease: a refused
-// token, an expired lock, a lost lease.
-var leaseText = regexp.MustCompile(`(?i)lock token|lock expired|lock.*(lost|expired)|lease`)
+// leaseText matches the runtime's words about a lock lease: a refused
+// token, an expired lock, a lost lease. Whole words only: a schema named
+// e2e_released_upgrade is not a lease.
+var leaseText = regexp.MustCompile(`(?i)\block token\b|\block\b.*\b(lost|expired)\b|\blease[sd]?\b`)
+
+// statementFields are the fields where the runtime quotes SQL (sqlx's slow
+// statement warning): a statement naming a schema or a function is not a
+// line about a lease.
+var statementFields = map[string]bool{"db.statement": true, "summary": true}
 
 // Lease reports whether the line is of the lease kind ("Invalid lock
-// token", "lock expired", ...).
-func (l LogLine) Lease() bool { return leaseText.MatchString(l.Text()) }
+// token", "lock expired", ...), read from its message and every field but
+// the SQL it quotes.
+func (l LogLine) Lease() bool {
+	if leaseText.MatchString(l.Message) {
+		return true
+	}
+	for k, v := range l.Fields {
+		if !statementFields[k] && leaseText.MatchString(k+" "+v) {
+			return true
+		}
+	}
+	return false
+}
 
 // InvalidLockToken reports whether the line carries the seed's symptom.
 func (l LogLine) InvalidLockToken() bool { return strings.Contains(l.Text(), "Invalid lock token") }
